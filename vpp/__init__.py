@@ -1,0 +1,19 @@
+"""vpp: tensor-parallel layers and pipeline schedules for long-context chunked prefill.
+
+Vocabulary (used the same way in every module, docstring and error message):
+
+* ``rank``    -- a pipeline rank, 0 .. P-1 (a position along the ``pp`` mesh axis). Where a global
+  process rank is meant, the text says "global rank".
+* ``stage``   -- a virtual pipeline stage, 0 .. S-1: a contiguous range of layers. A layout maps each
+  stage to one rank; a rank may hold several stages (the V layout gives each rank two).
+* ``chunk``   -- a contiguous slice of one request's prompt tokens, processed as one unit.
+* ``request`` -- one prompt. Each request has its own KV cache on every stage.
+* ``layer``   -- a transformer layer, numbered globally as in the checkpoint (0 .. num_layers-1).
+* ``axis``    -- a mesh axis (``tp``, ``pp``, ``ep``, ``dp``); ``dim`` -- a tensor dimension.
+
+Sub-packages: :mod:`vpp.parallel` (who talks to whom), :mod:`vpp.schedules` (what runs when),
+:mod:`vpp.models` (what is computed). Data flows one way: parallel <- models, and schedules never
+import a model's internals.
+"""
+
+__version__ = "0.1.0"
