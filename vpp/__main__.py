@@ -1,0 +1,5 @@
+import sys
+
+from vpp.cli import main
+
+sys.exit(main())
