@@ -1,0 +1,157 @@
+"""Communication verbs, each with an explicit :class:`~vpp.parallel.groups.Group`.
+
+Tensor-parallel region (Megatron's vocabulary; inference only, so no autograd functions):
+
+* :func:`copy_to_tp`   -- enter a TP region: identity (the input is replicated on every TP rank).
+* :func:`reduce_from_tp` -- leave a row-parallel region: all-reduce (sum) of partial results.
+* :func:`gather_from_tp` -- leave a column-parallel region: all-gather along a dim.
+* :func:`scatter_to_tp`  -- keep this rank's slice along a dim (no communication).
+* :func:`all_to_all`     -- expert-parallel token exchange with per-rank split sizes.
+
+Every verb returns at once when the group has one member. Pipeline point-to-point transfers are
+non-blocking only (:func:`isend`, :func:`irecv`, :func:`exchange`): a blocking send offered to
+callers is how two ranks that both send first deadlock on gloo, so there is none. Peers are given
+as indices along the group's axis, not global ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from vpp.parallel.groups import Group
+
+
+def copy_to_tp(x: torch.Tensor, group: Group) -> torch.Tensor:
+    return x
+
+
+def reduce_from_tp(x: torch.Tensor, group: Group) -> torch.Tensor:
+    """Sum ``x`` over the group, in place; returns ``x``."""
+    if group.size == 1:
+        return x
+    dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group.pg)
+    return x
+
+
+def gather_from_tp(x: torch.Tensor, group: Group, dim: int = -1) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along ``dim`` in rank order (all ranks get the result)."""
+    if group.size == 1:
+        return x
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(group.size)]
+    dist.all_gather(parts, x, group=group.pg)
+    return torch.cat(parts, dim=dim)
+
+
+def scatter_to_tp(x: torch.Tensor, group: Group, dim: int = -1) -> torch.Tensor:
+    """This rank's equal slice of ``x`` along ``dim``."""
+    if group.size == 1:
+        return x
+    size = x.shape[dim]
+    if size % group.size:
+        raise ValueError(f"dim {dim} of size {size} does not split evenly over a group of {group.size}")
+    return x.chunk(group.size, dim=dim)[group.rank].contiguous()
+
+
+def all_to_all(
+    x: torch.Tensor,
+    group: Group,
+    input_splits: Sequence[int],
+    output_splits: Sequence[int],
+    *,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Exchange rows of ``x``: rows ``input_splits[j]`` go to rank ``j``; ``output_splits[j]`` rows
+    arrive from rank ``j``, concatenated in rank order.
+
+    ``impl``: ``"native"`` (``all_to_all_single``), ``"p2p"`` (paired non-blocking sends/receives,
+    for backends that lack the collective or uneven splits) or ``"auto"`` (native, falling back to
+    p2p when the backend raises).
+    """
+    if group.size == 1:
+        return x
+    if len(input_splits) != group.size or len(output_splits) != group.size:
+        raise ValueError(
+            f"all_to_all needs {group.size} split sizes, got {len(input_splits)} in / {len(output_splits)} out"
+        )
+    if sum(input_splits) != x.shape[0]:
+        raise ValueError(f"input_splits sum to {sum(input_splits)} but x has {x.shape[0]} rows")
+    out = x.new_empty((sum(output_splits), *x.shape[1:]))
+    if impl in ("auto", "native"):
+        try:
+            dist.all_to_all_single(out, x.contiguous(), list(output_splits), list(input_splits), group=group.pg)
+            return out
+        except (RuntimeError, NotImplementedError):
+            if impl == "native":
+                raise
+    return _all_to_all_p2p(x, out, group, input_splits, output_splits)
+
+
+def _all_to_all_p2p(x, out, group: Group, input_splits, output_splits) -> torch.Tensor:
+    sends = list(torch.split(x.contiguous(), list(input_splits)))
+    recvs = list(torch.split(out, list(output_splits)))
+    me = group.rank
+    recvs[me].copy_(sends[me])
+    works = []
+    for peer in range(group.size):
+        if peer == me:
+            continue
+        if output_splits[peer]:
+            works.append(dist.irecv(recvs[peer], src=group.global_rank(peer), group=group.pg))
+        if input_splits[peer]:
+            works.append(dist.isend(sends[peer].contiguous(), dst=group.global_rank(peer), group=group.pg))
+    for w in works:
+        w.wait()
+    return out
+
+
+def exchange_counts(counts: torch.Tensor, group: Group) -> torch.Tensor:
+    """Each rank sends ``counts[j]`` to rank ``j``; returns what every rank sent to this one."""
+    if group.size == 1:
+        return counts.clone()
+    ones = [1] * group.size
+    return all_to_all(counts.reshape(group.size, 1), group, ones, ones).reshape(group.size)
+
+
+# --- pipeline point-to-point ---------------------------------------------------------------------
+
+def isend(x: torch.Tensor, peer: int, group: Group, tag: int = 0) -> dist.Work:
+    """Post a non-blocking send of ``x`` to member ``peer`` of ``group``; ``wait()`` the handle before
+    reusing ``x``."""
+    _check_peer(peer, group)
+    return dist.isend(x.contiguous(), dst=group.global_rank(peer), group=group.pg, tag=tag)
+
+
+def irecv(buf: torch.Tensor, peer: int, group: Group, tag: int = 0) -> dist.Work:
+    """Post a non-blocking receive into ``buf`` from member ``peer`` of ``group``."""
+    _check_peer(peer, group)
+    return dist.irecv(buf, src=group.global_rank(peer), group=group.pg, tag=tag)
+
+
+def exchange(
+    sends: Sequence[tuple[torch.Tensor, int]],
+    recvs: Sequence[tuple[torch.Tensor, int]],
+    group: Group,
+) -> None:
+    """Post every receive, then every send, and wait for all: a paired transfer that cannot
+    deadlock whatever the peers' order, as long as every send has its receive."""
+    works = [irecv(buf, peer, group) for buf, peer in recvs]
+    works += [isend(x, peer, group) for x, peer in sends]
+    for w in works:
+        w.wait()
+
+
+def _check_peer(peer: int, group: Group) -> None:
+    if not 0 <= peer < group.size:
+        raise ValueError(f"peer {peer} outside a group of {group.size}")
+    if peer == group.rank:
+        raise ValueError(f"rank {peer} cannot send to or receive from itself")
+
+
+__all__ = [
+    "copy_to_tp", "reduce_from_tp", "gather_from_tp", "scatter_to_tp", "all_to_all", "exchange_counts",
+    "isend", "irecv", "exchange",
+]

@@ -1,0 +1,179 @@
+"""Parallel groups as an object that is passed in.
+
+:class:`ParallelGroups` is frozen and holds one :class:`Group` per mesh axis. Library code takes it
+as an argument; :func:`initialize_model_parallel` builds it (and records it as the default that the
+Megatron-style accessors at the bottom read, a thin convenience for scripts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from vpp.parallel.device import Accelerator, get_accelerator
+from vpp.parallel.grid import AXES, GridSizes, coordinates, group_of, rank_groups
+
+
+@dataclass(frozen=True)
+class Group:
+    """A process group and what a caller needs to know about it without asking torch.
+
+    ``ranks`` are the members' global ranks in axis order; ``rank`` is this process's index in it.
+    ``pg`` is ``None`` only for a group of one, where every collective is a no-op.
+    """
+
+    ranks: tuple[int, ...]
+    rank: int
+    pg: dist.ProcessGroup | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def global_rank(self, index: int) -> int:
+        """Global rank of the member at ``index`` along this axis (for point-to-point calls)."""
+        return self.ranks[index]
+
+    @staticmethod
+    def single(global_rank: int = 0) -> "Group":
+        return Group(ranks=(global_rank,), rank=0, pg=None)
+
+
+@dataclass(frozen=True)
+class ParallelGroups:
+    """This process's place in the (tp, pp, dp, ep) grid, with a :class:`Group` per axis."""
+
+    sizes: GridSizes
+    global_rank: int
+    tp: Group
+    pp: Group
+    dp: Group
+    ep: Group
+    etp: Group
+    accelerator: Accelerator
+    device: torch.device
+    # A second process group over the same pipeline ranks, used for transfers towards lower ranks:
+    # the two directions of a V never queue behind each other on one communicator (the paper's two
+    # alternating communication groups; on NCCL/HCCL each group has its own stream).
+    pp_up: Group | None = None
+
+    def pp_channel(self, src: int, dst: int) -> Group:
+        """The group that carries a pipeline transfer from pipeline rank ``src`` to ``dst``."""
+        if self.pp_up is not None and dst < src:
+            return self.pp_up
+        return self.pp
+
+    @property
+    def is_first_pp_rank(self) -> bool:
+        return self.pp.rank == 0
+
+    @property
+    def is_last_pp_rank(self) -> bool:
+        return self.pp.rank == self.pp.size - 1
+
+    @staticmethod
+    def single(accelerator: Accelerator | None = None, device: torch.device | None = None) -> "ParallelGroups":
+        """One process, no parallelism: every group has one member and no process group."""
+        acc = accelerator or get_accelerator("cpu")
+        one = Group.single(0)
+        return ParallelGroups(GridSizes(1), 0, one, one, one, one, one, acc, device or acc.device(0), one)
+
+
+def build_groups(
+    sizes: GridSizes,
+    global_rank: int,
+    accelerator: Accelerator,
+    device: torch.device,
+) -> ParallelGroups:
+    """Create the process groups of every axis (a collective call: every rank must call it)."""
+    all_groups = rank_groups(sizes)
+    mine: dict[str, Group] = {}
+    for axis in AXES:
+        for members in all_groups[axis]:
+            # new_group must be called by every process for every group, in the same order.
+            pg = dist.new_group(list(members)) if len(members) > 1 else None
+            if global_rank in members:
+                mine[axis] = Group(members, members.index(global_rank), pg)
+    for members in all_groups["pp"]:
+        pg = dist.new_group(list(members)) if len(members) > 1 else None
+        if global_rank in members:
+            mine["pp_up"] = Group(members, members.index(global_rank), pg)
+    return ParallelGroups(sizes, global_rank, accelerator=accelerator, device=device, **mine)
+
+
+def initialize_model_parallel(
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    expert_model_parallel_size: int = 1,
+    *,
+    accelerator: Accelerator | None = None,
+    local_rank: int | None = None,
+) -> ParallelGroups:
+    """Megatron-style entry point. ``torch.distributed`` must already be initialised (see
+    :func:`vpp.parallel.launch.init_distributed`). Any world size that is a multiple of tp x pp
+    gives ``dp = world // (tp * pp)`` data-parallel replicas of the pipeline."""
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialised; call vpp.parallel.init_distributed() first")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+    if world % (tp * pp):
+        raise ValueError(f"tp={tp} * pp={pp} = {tp * pp} does not divide world_size={world}")
+    sizes = GridSizes(world, tp=tp, pp=pp, ep=expert_model_parallel_size, dp=world // (tp * pp))
+    acc = accelerator or get_accelerator()
+    device = acc.device(local_rank if local_rank is not None else rank % max(acc.device_count, 1))
+    groups = build_groups(sizes, rank, acc, device)
+    set_default_groups(groups)
+    return groups
+
+
+# --- thin Megatron-style convenience over one default object -------------------------------------
+_DEFAULT: list[ParallelGroups] = []
+
+
+def set_default_groups(groups: ParallelGroups | None) -> None:
+    _DEFAULT[:] = [] if groups is None else [groups]
+
+
+def get_default_groups() -> ParallelGroups:
+    if not _DEFAULT:
+        raise RuntimeError("no default ParallelGroups: call initialize_model_parallel() first")
+    return _DEFAULT[0]
+
+
+def get_tensor_model_parallel_group() -> Group:
+    return get_default_groups().tp
+
+
+def get_pipeline_model_parallel_group() -> Group:
+    return get_default_groups().pp
+
+
+def get_expert_model_parallel_group() -> Group:
+    return get_default_groups().ep
+
+
+def get_tensor_model_parallel_rank() -> int:
+    return get_default_groups().tp.rank
+
+
+def get_tensor_model_parallel_world_size() -> int:
+    return get_default_groups().tp.size
+
+
+def get_pipeline_model_parallel_rank() -> int:
+    return get_default_groups().pp.rank
+
+
+def get_pipeline_model_parallel_world_size() -> int:
+    return get_default_groups().pp.size
+
+
+__all__ = [
+    "Group", "ParallelGroups", "build_groups", "initialize_model_parallel", "coordinates", "group_of",
+    "set_default_groups", "get_default_groups", "get_tensor_model_parallel_group",
+    "get_pipeline_model_parallel_group", "get_expert_model_parallel_group",
+    "get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size",
+    "get_pipeline_model_parallel_rank", "get_pipeline_model_parallel_world_size",
+]

@@ -1,0 +1,179 @@
+"""Starting ranks: under ``torchrun`` (env://) or spawned from one Python process.
+
+:func:`init_distributed` is the one place that reads the launcher's environment (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``); library code below it never does.
+:func:`run_distributed` runs a function on N local processes (tests, the CLI on a CPU): each rank's
+return value comes back; when any rank raises or dies, the call fails promptly with that rank's
+traceback, and a rank that hangs past ``timeout`` fails it too. It never hangs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import tempfile
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from vpp.parallel.device import Accelerator, get_accelerator
+
+
+class RankFailure(RuntimeError):
+    """A spawned rank raised, died or timed out. ``rank`` is the first one that failed."""
+
+    def __init__(self, rank: int | None, message: str):
+        super().__init__(message)
+        self.rank = rank
+
+
+def launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def init_distributed(
+    accelerator: Accelerator | None = None,
+    *,
+    init_method: str = "env://",
+    rank: int | None = None,
+    world_size: int | None = None,
+    timeout_s: float = 600.0,
+) -> tuple[Accelerator, int]:
+    """Initialise ``torch.distributed`` for this process; returns the accelerator and local rank.
+
+    Under torchrun, ``rank``/``world_size`` come from the environment. Already-initialised processes
+    are left alone. The local rank picks the card on multi-device nodes.
+    """
+    acc = accelerator or get_accelerator()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank if rank is not None else 0))
+    if acc.kind == "cuda":
+        torch.cuda.set_device(local_rank)
+    elif acc.kind == "npu":
+        torch.npu.set_device(local_rank)  # type: ignore[attr-defined]
+    if not dist.is_initialized():
+        kwargs: dict[str, Any] = {}
+        if rank is not None:
+            kwargs.update(rank=rank, world_size=world_size)
+        dist.init_process_group(
+            acc.backend, init_method=init_method, timeout=datetime.timedelta(seconds=timeout_s), **kwargs
+        )
+    return acc, local_rank
+
+
+def _rank_main(
+    rank: int, world_size: int, init_file: str, fn: Callable, args: tuple, results: Any,
+    threads: int, pg_timeout_s: float,
+) -> None:
+    try:
+        torch.set_num_threads(threads)
+        init_distributed(
+            get_accelerator("cpu"), init_method=f"file://{init_file}", rank=rank,
+            world_size=world_size, timeout_s=pg_timeout_s,
+        )
+        value = fn(rank, world_size, *args)
+        results.put((rank, True, value))
+    except BaseException as exc:  # noqa: BLE001 -- report everything, including KeyboardInterrupt
+        results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 120.0,
+    threads: int = 1,
+    pg_timeout_s: float | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned CPU processes (gloo).
+
+    ``fn`` and ``args`` must be picklable (a module-level function). Returns the per-rank return
+    values in rank order. Raises :class:`RankFailure` with the failing rank's traceback as soon as a
+    rank raises or exits without reporting, or when ``timeout`` seconds pass.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="vpp-rdzv-") as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = [
+            ctx.Process(
+                target=_rank_main,
+                args=(r, world_size, init_file, fn, args, results, threads, pg_timeout_s or timeout),
+                daemon=True,
+            )
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        try:
+            return _collect(procs, results, world_size, timeout)
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs:
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+
+
+def _collect(procs: list, results: Any, world_size: int, timeout: float) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    values: dict[int, Any] = {}
+    dead_since: dict[int, float] = {}
+    while len(values) < world_size:
+        try:
+            rank, ok, value = results.get(timeout=0.1)
+        except queue.Empty:
+            now = time.monotonic()
+            for r, p in enumerate(procs):
+                if r not in values and not p.is_alive():
+                    # give its last message a moment to arrive through the queue's pipe
+                    if now - dead_since.setdefault(r, now) > 2.0:
+                        raise RankFailure(r, f"rank {r} exited with code {p.exitcode} without reporting")
+            if now > deadline:
+                missing = sorted(set(range(world_size)) - set(values))
+                raise RankFailure(
+                    missing[0] if missing else None,
+                    f"timed out after {timeout:.0f}s waiting for ranks {missing} of {world_size}",
+                )
+            continue
+        if not ok:
+            _raise_root_failure(procs, results, world_size, {rank: value}, values)
+        values[rank] = value
+    return [values[r] for r in range(world_size)]
+
+
+def _raise_root_failure(procs, results, world_size, failures: dict[int, str], values: dict) -> None:
+    """A rank failed. Its peers often fail a moment later (connection reset) or it was itself
+    collateral of a rank that died silently; wait briefly and blame the root cause: a rank that
+    died without reporting, else the first rank that reported an error."""
+    first = next(iter(failures))
+    grace = time.monotonic() + 1.5
+    while time.monotonic() < grace:
+        try:
+            rank, ok, value = results.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        (failures.setdefault(rank, value) if not ok else values.setdefault(rank, value))
+    silent = [r for r, p in enumerate(procs) if r not in failures and r not in values and not p.is_alive()]
+    if silent:
+        r = silent[0]
+        others = ", ".join(f"rank {k}" for k in failures)
+        raise RankFailure(r, f"rank {r} exited with code {procs[r].exitcode} without reporting "
+                             f"(then {others} failed)")
+    details = "\n".join(f"--- rank {r} ---\n{msg}" for r, msg in failures.items() if r != first)
+    message = f"rank {first} of {world_size} failed:\n{failures[first]}"
+    if details:
+        message += f"\nother ranks failed afterwards:\n{details}"
+    raise RankFailure(first, message)
