@@ -6,7 +6,9 @@ builder (:func:`build_cpp`, :func:`build_vpp`, :func:`build_vpp_async`) emits a 
 per-rank :class:`Action` lists; :func:`verify` checks it; :func:`simulate` (or the executor) interprets
 it and returns a :class:`Trace`; :func:`summarize` gives the paper's Table 2 numbers.
 
-Nothing here imports torch or a process group; matplotlib is imported only by ``Trace.plot``.
+Nothing here imports torch or a process group until the executor is used: ``forward_vpp_prefill``,
+``forward_cpp_prefill``, ``forward_prefill`` and ``Executor`` load on first access. matplotlib is
+imported only by ``Trace.plot``.
 """
 
 from .builders import build_cpp, build_plan, build_vpp, build_vpp_async, plan_from_orders
@@ -28,3 +30,14 @@ __all__ = [
     "format_summaries", "insert_comms", "link_group", "make_layout", "nominal_starts", "orders_from_key",
     "plan_from_orders", "seconds_per_token", "simulate", "slot_key", "summarize", "verify",
 ]
+
+_LAZY = {"forward_prefill": "api", "forward_vpp_prefill": "api", "forward_cpp_prefill": "api",
+         "PrefillOutput": "api", "infer_layout": "api", "gather_trace": "api",
+         "Executor": "executor", "ExecutionResult": "executor", "ExecutionError": "watchdog"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,120 @@
+"""The one exchange before a run: every rank learns what every other rank holds, so a mismatch is a
+clear error on every rank instead of a hang in the middle of a plan.
+
+Each global rank contributes a small descriptor (its stages' layer ranges and shapes, and, on the
+pipeline ranks that hold stage 0, the prompts' lengths and any problem found in them); one
+``all_gather_object`` over the world shares them. Every rank then runs the same checks on the same
+data and so raises the same error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from vpp.parallel.groups import ParallelGroups
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    layer_range: tuple[int, int]
+    hidden_size: int
+    vocab_size: int
+    is_first: bool
+    is_last: bool
+    dtype: str
+    max_positions: int | None
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    global_rank: int
+    pp_rank: int
+    tp_rank: int
+    stages: tuple[StageInfo, ...]
+    prompt_lengths: tuple[int, ...] | None  # only where stage 0 lives
+    prompt_problem: str | None
+    plan_digest: str | None
+    run_key: str
+
+
+def describe_stage(stage: torch.nn.Module) -> StageInfo:
+    """What the pipeline needs to know about a stage module (the stage contract of vpp.models)."""
+    try:
+        layer_range = tuple(int(x) for x in stage.layer_range)
+        info = StageInfo(layer_range, int(stage.hidden_size), int(stage.vocab_size), bool(stage.is_first),
+                         bool(stage.is_last), str(stage.dtype), getattr(stage, "max_positions", None))
+    except AttributeError as exc:
+        raise TypeError(f"{type(stage).__name__} does not follow the stage contract (layer_range, hidden_size, "
+                        f"vocab_size, is_first, is_last, dtype): {exc}") from None
+    return info
+
+
+def check_prompt(ids: torch.Tensor, stage: StageInfo, what: str = "prompt") -> str | None:
+    """A readable problem with a prompt of token ids, or None."""
+    if ids.dim() != 1:
+        return f"{what} must be a 1-D tensor of token ids, got shape {tuple(ids.shape)}"
+    if ids.numel() == 0:
+        return f"{what} is empty"
+    if ids.dtype not in (torch.int64, torch.int32):
+        return f"{what} must hold integer token ids, got {ids.dtype}"
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= stage.vocab_size:
+        return f"{what} holds token ids in [{lo}, {hi}] outside the vocabulary [0, {stage.vocab_size})"
+    if stage.max_positions is not None and ids.numel() > stage.max_positions:
+        return f"{what} has {ids.numel()} tokens, more than the model's {stage.max_positions} positions"
+    return None
+
+
+def plan_digest(plan: Any) -> str:
+    return hashlib.sha1(plan.to_json().encode()).hexdigest()[:16]
+
+
+def exchange(
+    stages: Sequence[torch.nn.Module],
+    groups: ParallelGroups,
+    prompts: Sequence[torch.Tensor] | None,
+    *,
+    plan: Any = None,
+) -> list[RankInfo]:
+    """Share every rank's :class:`RankInfo`; returns them indexed by global rank."""
+    infos = tuple(describe_stage(s) for s in stages)
+    lengths = problem = None
+    if prompts is not None:
+        first = next((i for i in infos if i.is_first), None)
+        if first is not None:
+            lengths = tuple(int(p.numel()) for p in prompts)
+            problems = [check_prompt(p, first, f"prompt {i}" if len(prompts) > 1 else "prompt")
+                        for i, p in enumerate(prompts)]
+            problem = next((p for p in problems if p), None) or (None if prompts else "no prompts given")
+    mine = RankInfo(groups.global_rank, groups.pp.rank, groups.tp.rank, infos, lengths, problem,
+                    plan_digest(plan) if plan is not None else None, os.urandom(8).hex())
+    if not dist.is_initialized() or groups.sizes.world_size == 1:
+        return [mine]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return out
+
+
+def pipeline_of(infos: list[RankInfo], groups: ParallelGroups) -> list[RankInfo]:
+    """The descriptors of this rank's pipeline, indexed by pipeline rank."""
+    return [infos[g] if len(infos) > 1 else infos[0] for g in groups.pp.ranks]
+
+
+def first_problem(infos: list[RankInfo]) -> str | None:
+    """The first prompt problem any rank found (so every rank raises the same one)."""
+    return next((i.prompt_problem for i in infos if i.prompt_problem), None)
+
+
+def prompt_lengths(infos: list[RankInfo]) -> tuple[int, ...]:
+    found = {i.prompt_lengths for i in infos if i.prompt_lengths is not None}
+    if not found:
+        raise ValueError("no rank that holds stage 0 was given the prompt token ids")
+    if len(found) > 1:
+        raise ValueError(f"ranks holding stage 0 were given different prompts (lengths {sorted(found)})")
+    return found.pop()

@@ -1,0 +1,95 @@
+"""Waiting on communication without ever hanging, and telling every rank who failed.
+
+gloo has no way to poll a pending receive (``Work.is_completed()`` stays False until ``wait()`` runs)
+and ``Work.wait(timeout)`` tears the connection down, so a rank cannot simply poll. Instead each
+wait runs in one helper thread while the rank's own thread checks, every ``poll_s``, two things: a
+failure notice in the process group's key-value store (written by a rank that raised, naming itself
+and the action it was on) and its own deadline. A rank that dies outright breaks the connection, so
+the pending wait raises at once; a rank that hangs is caught by the deadline.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import time
+
+import torch.distributed as dist
+
+
+class ExecutionError(RuntimeError):
+    """A plan could not finish. ``rank`` is the pipeline rank that failed first (if known), ``action``
+    what this rank was doing."""
+
+    def __init__(self, message: str, *, rank: int | None = None, action: str | None = None):
+        super().__init__(message)
+        self.rank, self.action = rank, action
+
+
+def default_store():
+    """The key-value store behind the default process group, or None (single process, or a torch
+    without the hook)."""
+    if not dist.is_initialized():
+        return None
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # private API: lose failure notices, never break a run
+        return None
+
+
+class Watchdog:
+    """Failure notices and bounded waits for one executor run, identified by ``run_key`` (the same
+    on every rank of the run)."""
+
+    def __init__(self, run_key: str, rank: int, *, timeout_s: float, poll_s: float = 0.05):
+        self.key = f"vpp/run/{run_key}/failed"
+        self.rank, self.timeout_s, self.poll_s = rank, timeout_s, poll_s
+        self.store = default_store()
+        self._pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vpp-wait")
+
+    def close(self) -> None:
+        # a wait abandoned after a failure may still block its thread: do not join it
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def notify_failure(self, message: str) -> None:
+        """Tell every rank of the run that this rank failed (first notice wins)."""
+        if self.store is None:
+            return
+        try:
+            self.store.compare_set(self.key, "", message)
+        except Exception:
+            pass
+
+    def failure_notice(self) -> str | None:
+        if self.store is None:
+            return None
+        try:
+            if self.store.check([self.key]):
+                return self.store.get(self.key).decode()
+        except Exception:
+            return None
+        return None
+
+    def wait(self, work: dist.Work, what: str, peer: int | None) -> None:
+        """``work.wait()``, but raise :class:`ExecutionError` when another rank reports a failure, the
+        connection breaks, or ``timeout_s`` passes."""
+        future = self._pool.submit(work.wait)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                future.result(timeout=self.poll_s)
+                return
+            except futures.TimeoutError:
+                pass
+            except Exception as exc:  # the transfer itself failed: usually the peer went away
+                notice = self.failure_notice()
+                cause = notice or f"pipeline rank {peer} stopped responding ({type(exc).__name__}: {exc})"
+                raise ExecutionError(f"pipeline rank {self.rank} gave up at {what}: {cause}",
+                                     rank=peer, action=what) from exc
+            notice = self.failure_notice()
+            if notice is not None:
+                raise ExecutionError(f"pipeline rank {self.rank} stopped at {what} because {notice}",
+                                     action=what)
+            if time.monotonic() > deadline:
+                raise ExecutionError(
+                    f"pipeline rank {self.rank} timed out after {self.timeout_s:.0f}s at {what} waiting for "
+                    f"pipeline rank {peer}", rank=peer, action=what)
