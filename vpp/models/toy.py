@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 
-def _weight(seed: int, name: str, *shape: int, scale: float) -> torch.Tensor:
+def _weight(seed: int, name: str, *shape: int, scale: float, dtype: torch.dtype) -> nn.Parameter:
     g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
-    return torch.randn(*shape, generator=g) * scale
+    return nn.Parameter((torch.randn(*shape, generator=g) * scale).to(dtype), requires_grad=False)
 
 
 class ToyStage(nn.Module):
@@ -35,13 +35,10 @@ class ToyStage(nn.Module):
         self.is_first, self.is_last = start == 0, end == num_layers
         self.hidden_size, self.vocab_size, self.max_positions, self.dtype = hidden_size, vocab_size, max_positions, dtype
         s = hidden_size ** -0.5
-        self.embed = nn.Parameter(_weight(seed, "embed", vocab_size, hidden_size, scale=1.0).to(dtype)) \
-            if self.is_first else None
-        self.layers = nn.ParameterDict({
-            str(i): nn.Parameter(_weight(seed, f"layer{i}", hidden_size, hidden_size, scale=s).to(dtype))
-            for i in range(start, end)})
-        self.head = nn.Parameter(_weight(seed, "head", vocab_size, hidden_size, scale=s).to(dtype)) \
-            if self.is_last else None
+        self.embed = _weight(seed, "embed", vocab_size, hidden_size, scale=1.0, dtype=dtype) if self.is_first else None
+        self.layers = nn.ParameterDict({str(i): _weight(seed, f"layer{i}", hidden_size, hidden_size, scale=s, dtype=dtype)
+                                        for i in range(start, end)})
+        self.head = _weight(seed, "head", vocab_size, hidden_size, scale=s, dtype=dtype) if self.is_last else None
         self._cache: dict[int, dict[str, torch.Tensor | int]] = {}
 
     def cache_length(self, request: int) -> int:

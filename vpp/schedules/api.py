@@ -108,11 +108,13 @@ def forward_prefill(
     request_ids: Sequence[int] | None = None,
     return_trace: bool = False,
     timeout_s: float = 300.0,
+    progress=None,
 ) -> PrefillOutput:
     """Prefill one prompt (a 1-D tensor) or several (a list, processed one after another) through
     this rank's ``stages`` with ``schedule`` ("cpp", "vpp" or "vpp-async"). ``chunk_size`` is an int,
-    or explicit chunk sizes per request (a DCPP planner's). Every argument problem raises the same
-    error on every rank."""
+    or explicit chunk sizes per request (a DCPP planner's). ``progress(n)`` is called on the rank
+    holding stage 0 after each chunk it feeds into the pipeline. Every argument problem raises the same error on
+    every rank."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
     if isinstance(chunk_size, int) and chunk_size < 1:
@@ -133,7 +135,8 @@ def forward_prefill(
     requests = _requests(lengths, chunk_size, ids)
     plan = verify(build_schedule(schedule, layout, requests))
     mine = {s: m for s, m in zip(layout.stages_of(groups.pp.rank), stages)}
-    executor = Executor(plan, mine, groups, pipeline, run_key=infos[0].run_key, timeout_s=timeout_s)
+    executor = Executor(plan, mine, groups, pipeline, run_key=infos[0].run_key, timeout_s=timeout_s,
+                        progress=progress)
     by_id = {q: p for q, p in zip(ids, prompts)} if prompts is not None else {}
     if dist.is_initialized() and groups.sizes.world_size > 1:
         dist.barrier()

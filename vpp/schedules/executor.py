@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -61,7 +61,7 @@ class Executor:
 
     def __init__(self, plan: Plan, stages: Mapping[int, torch.nn.Module], groups: ParallelGroups,
                  pipeline: Sequence[RankInfo], *, run_key: str, timeout_s: float = 300.0,
-                 poll_s: float = 0.05):
+                 poll_s: float = 0.05, progress: Callable[[int], None] | None = None):
         self.plan, self.stages, self.groups = plan, dict(stages), groups
         self.me = groups.pp.rank
         self.requests = {q.id: q for q in plan.requests}
@@ -71,6 +71,7 @@ class Executor:
                 self.hidden[plan.layout.stage_of_layer(st.layer_range[0])] = (st.hidden_size, st.dtype)
         self.watchdog = Watchdog(run_key, self.me, timeout_s=timeout_s, poll_s=poll_s)
         self.device = groups.device
+        self.progress = progress  # called with the number of chunks through stage 0 so far
 
     # --- the interpreter loop ---------------------------------------------------------------------
 
@@ -81,6 +82,7 @@ class Executor:
         self.sends: list[tuple] = []  # posted async sends: (work, tensor, action)
         self.logits: dict[int, torch.Tensor] = {}
         self.spans: list[Span] = []
+        self.entered = 0
         busy = 0.0
         actions = self.plan.actions[self.me]
         self.t0 = time.perf_counter()
@@ -145,6 +147,9 @@ class Executor:
         self.groups.accelerator.synchronize(self.device)
         end = self._now()
         self.spans.append(Span(self.me, "compute", start, end, a.stage, a.request, a.chunk))
+        if self.progress is not None and a.stage == 0:
+            self.entered += 1
+            self.progress(self.entered)
         if last:
             if a.chunk == q.num_chunks - 1:
                 self.logits[a.request] = out[-1]
