@@ -159,6 +159,10 @@ def _check_progress(plan: Plan, semantics: str) -> None:
             else:
                 a = acts[i]
                 what = f"waits in {a}" if a.is_comm else f"waits for the input of {a}"
+                if a.is_comm:
+                    j = e.blocked.get(a.peer, len(plan.actions[a.peer]))
+                    other = plan.actions[a.peer][j] if j < len(plan.actions[a.peer]) else "the end of its list"
+                    what += f" (rank {a.peer} is at {other})"
                 parts.append(f"rank {r} step {i} {what}")
         marks = [(r, min(i, len(plan.actions[r]) - 1)) for r, i in e.blocked.items() if plan.actions[r]]
         raise PlanError(plan, f"deadlock under {semantics} semantics: " + "; ".join(parts), marks) from None
