@@ -156,3 +156,20 @@ def test_flop_cost_grows_with_the_prefix_and_counts_launches():
     assert b - a == pytest.approx(2 * 4 * 1024 * 512 * 512 / 1e12)  # 2 layers x 4 h tokens prefix
     assert cost.compute(0, 1, 0) > 2 * 10 * 1e-3  # the launch overhead of two layers
     assert cost.transfer(1000) > cost.transfer(10) > 0
+
+
+def test_vpp_async_issues_every_steady_state_transfer_while_the_peer_computes():
+    n, d = 8, 0.3
+
+    def peer_computing(trace):
+        out = []
+        for s in trace.of(kind="send"):
+            if 0 < s.chunk < n - 2:
+                busy = [c for c in trace.of(s.peer, "compute") if c.start <= s.start < c.end]
+                out.append(bool(busy))
+        return out
+
+    async_trace = run("v", build_vpp_async, n, 1.0, latency=d)
+    assert all(peer_computing(async_trace))
+    # ... whereas vanilla VPP exchanges at chunk boundaries, with both ranks blocked in transfers.
+    assert not any(peer_computing(vpp(n, 1.0, latency=d)))
