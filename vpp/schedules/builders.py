@@ -1,7 +1,8 @@
-"""Plan builders: CPP, VPP (Algorithm 1) and VPP-Async. Each one is a priority rule (a sort key over
-tasks, :mod:`.order`) plus the communication placement pass (:mod:`.comms`); they emit the IR and
-nothing else. Requests are processed one after another in the order given; a packing builder can pass
-its own key to :func:`build_plan` (or its own per-rank orders to :func:`plan_from_orders`).
+"""Plan builders: CPP, VPP (Algorithm 1) and VPP-Async. Each one is a priority rule (a key over tasks,
+list-scheduled into per-rank compute orders, :mod:`.order`) plus the communication placement pass
+(:mod:`.comms`); they emit the IR and nothing else. Requests are processed one after another in the
+order given; a packing builder can pass its own key to :func:`build_plan` (or its own per-rank orders
+to :func:`plan_from_orders`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Sequence
 from .comms import insert_comms
 from .ir import COMM_MODES, Plan, Request
 from .layout import Layout
-from .order import Key, Task, orders_from_key, release_slots, slot_key
+from .order import Key, Task, auto_slack, list_schedule, slot_key
 
 
 def _requests(requests: Sequence[Request]) -> tuple[Request, ...]:
@@ -25,25 +26,30 @@ def _requests(requests: Sequence[Request]) -> tuple[Request, ...]:
 
 
 def plan_from_orders(layout: Layout, requests: Sequence[Request], orders: Sequence[Sequence[Task]], *,
-                     comm: str = "blocking", name: str = "plan", release: dict[Task, int] | None = None,
+                     comm: str = "blocking", name: str = "plan", starts: dict[Task, int] | None = None,
                      at: str = "produced") -> Plan:
-    """A plan from per-rank compute orders: places SEND/RECV/HANDOFF (:func:`comms.insert_comms`)."""
+    """A plan from per-rank compute orders (and optionally their nominal start slots): places
+    SEND/RECV/HANDOFF with :func:`comms.insert_comms`."""
     if comm not in COMM_MODES:
         raise ValueError(f"comm={comm!r}; expected one of {COMM_MODES}")
     requests = _requests(requests)
-    actions = insert_comms(layout, requests, [[Task(*t) for t in o] for o in orders], release=release, at=at)
+    orders = [[Task(*t) for t in o] for o in orders]
+    actions = insert_comms(layout, requests, orders, starts=starts, at=at)
     return Plan(name=name, layout=layout, requests=requests, actions=actions, comm=comm)
 
 
-def build_plan(layout: Layout, requests: Sequence[Request], *, key: Key | None = None, slack: int = 0,
-               group: int | None = None, comm: str = "blocking", name: str = "plan") -> Plan:
-    """The generic builder: sort each rank's tasks by ``key`` (default :func:`order.slot_key` with
-    ``slack`` and ``group``), then place the communication, using the key's first element as each
-    task's nominal slot."""
+def build_plan(layout: Layout, requests: Sequence[Request], *, key: Key | None = None,
+               slack: int | None = None, min_slack: int = 0, group: int | None = None,
+               comm: str = "blocking", name: str = "plan") -> Plan:
+    """The generic builder: list-schedule the tasks by ``key`` (:func:`order.list_schedule`), then place
+    the communication. The default key is :func:`order.slot_key` with ``slack`` (default: the smallest
+    conflict-free slack >= ``min_slack``, :func:`order.auto_slack`) and ``group``."""
     requests = _requests(requests)
-    key = key or slot_key(layout, requests, slack=slack, group=group)
-    return plan_from_orders(layout, requests, orders_from_key(layout, requests, key), comm=comm, name=name,
-                            release=release_slots(layout, requests, key))
+    if key is None:
+        slack = auto_slack(layout, min_slack, group) if slack is None else slack
+        key = slot_key(layout, requests, slack=slack, group=group)
+    orders, starts = list_schedule(layout, requests, key)
+    return plan_from_orders(layout, requests, orders, comm=comm, name=name, starts=starts)
 
 
 def build_cpp(layout: Layout, requests: Sequence[Request], *, comm: str = "blocking", name: str = "cpp") -> Plan:
@@ -56,13 +62,14 @@ def build_cpp(layout: Layout, requests: Sequence[Request], *, comm: str = "block
 
 
 def build_vpp(layout: Layout, requests: Sequence[Request], *, comm: str = "blocking", name: str = "vpp") -> Plan:
-    """VPP, Algorithm 1 generalised to P ranks and f folds: each rank runs its stages in the order of the
-    unit-time slot key with no slack (:mod:`.order`). On a V with P = 2, while rank 1 runs s1 and s2 of
-    chunk k, rank 0 runs s3 of chunk k-1 and then s0 of chunk k+1; at every chunk boundary both ranks
-    exchange activations (rank 0 sends first, rank 1 receives first, so blocking send/recv cannot
-    deadlock). Works on any layout ("interleaved" gives Megatron's forward order); on a loop it is CPP.
+    """VPP, Algorithm 1 generalised to P ranks and f folds: each rank runs its stages in the order of
+    the unit-time slot key with no slack, list-scheduled (:mod:`.order`). On a V with P = 2, while rank
+    1 runs s1 and s2 of chunk k, rank 0 runs s3 of chunk k-1 and then s0 of chunk k+1; at every chunk
+    boundary both ranks exchange activations (rank 0 sends first, rank 1 receives first, so blocking
+    send/recv cannot deadlock). Works on any layout ("interleaved" gives Megatron's forward order); on a
+    loop it is CPP.
     """
-    return build_plan(layout, requests, comm=comm, name=name)
+    return build_plan(layout, requests, slack=0, comm=comm, name=name)
 
 
 def build_vpp_async(layout: Layout, requests: Sequence[Request], *, name: str = "vpp-async") -> Plan:
@@ -90,4 +97,4 @@ def build_vpp_async(layout: Layout, requests: Sequence[Request], *, name: str = 
     is built from one global event order (:mod:`.comms`), so it also runs with a single in-order queue
     per rank; ``verify(plan, semantics="serial")`` checks exactly that.
     """
-    return build_plan(layout, requests, slack=1, comm="async", name=name)
+    return build_plan(layout, requests, min_slack=1, comm="async", name=name)

@@ -1,10 +1,11 @@
 """Communication placement: per-rank compute orders -> per-rank actions with SEND/RECV/HANDOFF.
 
-The compute orders are first run in an idealised unit-time model (:func:`order.nominal_starts`): every
-compute takes one slot, transfers are free, and a task starts no earlier than its slot (when the orders
-come from a slot key) or as soon as it is ready. Each activation that crosses ranks becomes one transfer
-placed at a nominal time ``T``: the end of its producer (``at="produced"``, the default) or the start of
-its consumer (``at="needed"``). Both ends of the transfer are placed at the same ``T`` on their ranks:
+The compute orders come with nominal start slots in an idealised unit-time model (every compute takes
+one slot, transfers are free): those of the list schedule that produced them
+(:func:`order.list_schedule`), or, for bare orders, each task as soon as it is ready
+(:func:`order.nominal_starts`). Each activation that crosses ranks becomes one transfer placed at a
+nominal time ``T``: the end of its producer (``at="produced"``, the default) or the start of its
+consumer (``at="needed"``). Both ends of the transfer are placed at the same ``T`` on their ranks:
 after the rank's computes that end by ``T``, before those that start at or after ``T``; transfers that
 share a ``T`` are ordered by (stage, request, chunk) on every rank. A local hand-off follows its
 producer directly.
@@ -24,7 +25,7 @@ from typing import Sequence
 
 from .ir import Action, Request, compute, handoff, recv, send
 from .layout import Layout
-from .order import Task, nominal_starts, rank_tasks
+from .order import Task, dependencies, nominal_starts, rank_tasks
 
 PLACEMENTS = ("produced", "needed")
 
@@ -46,13 +47,13 @@ def check_orders(layout: Layout, requests: Sequence[Request], orders: Sequence[S
 
 
 def insert_comms(layout: Layout, requests: Sequence[Request], orders: Sequence[Sequence[Task]], *,
-                 release: dict[Task, int] | None = None, at: str = "produced") -> tuple[tuple[Action, ...], ...]:
-    """Per-rank actions for per-rank compute ``orders`` (see the module docstring); ``release`` gives
-    tasks their earliest nominal slot (a slot key's first element), otherwise they start when ready."""
+                 starts: dict[Task, int] | None = None, at: str = "produced") -> tuple[tuple[Action, ...], ...]:
+    """Per-rank actions for per-rank compute ``orders`` (see the module docstring). ``starts`` are the
+    nominal start slots (from :func:`order.list_schedule`); by default every task starts when ready."""
     if at not in PLACEMENTS:
         raise ValueError(f"at={at!r}; expected one of {PLACEMENTS}")
     check_orders(layout, requests, orders)
-    start = nominal_starts(layout, orders, release)
+    start = nominal_starts(layout, orders) if starts is None else _checked(layout, orders, starts)
     events: list[list[tuple[tuple, Action]]] = [[] for _ in range(layout.num_ranks)]
     for r, order in enumerate(orders):
         for t in order:
@@ -68,3 +69,16 @@ def insert_comms(layout: Layout, requests: Sequence[Request], orders: Sequence[S
             events[r].append(((when, 1, t), send(*t, peer)))
             events[peer].append(((when, 1, t), recv(*t, r)))
     return tuple(tuple(a for _, a in sorted(ev, key=lambda e: e[0])) for ev in events)
+
+
+def _checked(layout: Layout, orders: Sequence[Sequence[Task]], starts: dict[Task, int]) -> dict[Task, int]:
+    """Nominal starts must follow each rank's order one slot at a time and respect the dependencies."""
+    for r, order in enumerate(orders):
+        for a, b in zip(order, order[1:]):
+            if starts[b] < starts[a] + 1:
+                raise ValueError(f"rank {r}: nominal start of {b} ({starts[b]}) overlaps {a} ({starts[a]})")
+        for t in order:
+            for d in dependencies(t):
+                if starts[t] < starts[d] + 1:
+                    raise ValueError(f"nominal start of {t} ({starts[t]}) precedes the end of its input {d}")
+    return starts

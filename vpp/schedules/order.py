@@ -1,22 +1,25 @@
 """Compute order: which (stage, request, chunk) each rank runs, in what order.
 
-A builder is a priority rule plus two passes. The rule is a sort key over tasks; :func:`orders_from_key`
-sorts each rank's tasks by it (this module), and :func:`vpp.schedules.comms.insert_comms` turns the
-per-rank compute orders into actions with SEND/RECV/HANDOFF placed. A packing builder can supply its own
-key (or its own orders) and reuse the second pass.
+A builder is a priority rule plus two passes. The rule is a key over tasks whose first element is the
+task's *slot*; :func:`list_schedule` runs the tasks in an idealised unit-time pipeline (every compute
+takes one slot, transfers are free) where each rank, in every slot, starts the ready task with the
+smallest key among those whose slot has come. That yields per-rank compute orders and nominal start
+slots; :func:`vpp.schedules.comms.insert_comms` then places SEND/RECV/HANDOFF. A packing builder can
+supply its own key (or its own orders) and reuse both passes.
 
 Dependencies of task (s, q, c): (s-1, q, c), the previous stage's output, and (s, q, c-1), the KV cache
-of the same stage. Requests are independent of each other except through the order of the ranks.
+of the same stage. A stage runs its tasks in key order, so a key must grow with the chunk index.
 
-The default key is the task's slot in an idealised unit-time pipeline (:func:`slot_key`)::
+The default key is the task's slot in a periodic pipeline (:func:`slot_key`)::
 
-    key(s, g) = period * group * (g // group) + g % group + depth(s)
+    slot(s, g) = period * group * (g // group) + g % group + depth(s)
 
 ``g`` numbers the chunks of all requests in processing order, ``period`` is the number of stages per
 rank (the slots a rank needs per chunk), ``depth(s)`` the slots from stage 0 to stage s: one per hop,
 plus ``slack`` per remote hop. ``group`` consecutive chunks go through a lap together (Megatron's
-interleaved order uses ``group = P``; the V uses 1). The key strictly increases along both dependencies,
-so sorting every rank by it yields orders that can run together (one global order exists).
+interleaved order uses ``group = P``; the V uses 1). :func:`auto_slack` picks the smallest slack (at
+least a minimum) for which no two tasks of a rank share a slot, so every rank is busy every slot once
+the pipeline is full and the list schedule is exactly the slot order.
 
 * V, ``slack = 0`` (vanilla VPP, Algorithm 1): rank r runs stage r of chunk k in slot 2k + r and stage
   2P-1-r of chunk k in slot 2k + 2P-1-r, one on even and one on odd slots, so the two alternate; for
@@ -24,10 +27,14 @@ so sorting every rank by it yields orders that can run together (one global orde
 * V, ``slack = 1`` (VPP-Async): every remote hop gets one slot of slack, so each transfer has one compute
   of the receiver to hide behind; for P = 2 rank 0 runs ``s0/C0, s0/C1, s0/C2, s3/C0, s0/C3, s3/C1, ...``
   (the paper's swap of s3/C_{k-1} and s0/C_{k+1}).
+* More folds: a W (f = 2) with even P has no conflict-free slot order without slack. Vanilla VPP keeps
+  slack 0 and lets the list schedule resolve the conflicts (with blocking transfers, extra slack only
+  adds rendezvous waits); VPP-Async takes the smallest conflict-free slack >= 1 (1 for a W).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from .ir import Request
@@ -43,8 +50,7 @@ class Task(NamedTuple):
 
 
 Key = Callable[[Task], tuple]
-"""A priority rule: ranks run their tasks in increasing key order. By convention the key's first element
-is the task's slot, its earliest start in the unit-time model that places the transfers (:mod:`.comms`)."""
+"""A priority rule: a tuple whose first element is the task's slot (its earliest nominal start)."""
 
 
 def chunk_sequence(requests: Sequence[Request]) -> list[tuple[int, int]]:
@@ -69,37 +75,49 @@ def default_group(layout: Layout) -> int:
     return layout.num_ranks if layout.kind == "interleaved" else 1
 
 
+def _slot(period: int, group: int, g: int, depth: int) -> int:
+    return period * group * (g // group) + g % group + depth
+
+
+def conflict_free(layout: Layout, slack: int, group: int) -> bool:
+    """True if no two tasks of one rank share a slot of :func:`slot_key` (checked over whole periods)."""
+    period, depth = stages_per_rank(layout), hop_depths(layout, slack)
+    chunks = group * (depth[-1] // (period * group) + 3)
+    for r in range(layout.num_ranks):
+        slots = [_slot(period, group, g, depth[s]) for s in layout.stages_of(r) for g in range(chunks)]
+        if len(set(slots)) != len(slots):
+            return False
+    return True
+
+
+def auto_slack(layout: Layout, minimum: int = 0, group: int | None = None) -> int:
+    """The smallest slack >= ``minimum`` with a conflict-free slot order (``minimum`` if none is found)."""
+    group = default_group(layout) if group is None else group
+    for slack in range(minimum, minimum + 2 * stages_per_rank(layout) + 1):
+        if conflict_free(layout, slack, group):
+            return slack
+    return minimum
+
+
 def slot_key(layout: Layout, requests: Sequence[Request], *, slack: int = 0,
              group: int | None = None) -> Key:
-    """The unit-time slot key of the module docstring; ties (same slot, same rank) go to the lower stage."""
+    """The periodic slot key of the module docstring; ties go to the lower stage."""
     if slack < 0:
         raise ValueError(f"slack={slack} must be >= 0")
     group = default_group(layout) if group is None else group
     if group < 1:
         raise ValueError(f"group={group} must be >= 1")
-    period = stages_per_rank(layout)
-    depth = hop_depths(layout, slack)
+    period, depth = stages_per_rank(layout), hop_depths(layout, slack)
     index = {qc: g for g, qc in enumerate(chunk_sequence(requests))}
 
     def key(task: Task) -> tuple:
-        g = index[(task.request, task.chunk)]
-        return (period * group * (g // group) + g % group + depth[task.stage], task.stage)
+        return (_slot(period, group, index[(task.request, task.chunk)], depth[task.stage]), task.stage)
 
     return key
 
 
 def rank_tasks(layout: Layout, requests: Sequence[Request], rank: int) -> list[Task]:
     return [Task(s, q.id, c) for s in layout.stages_of(rank) for q in requests for c in range(q.num_chunks)]
-
-
-def orders_from_key(layout: Layout, requests: Sequence[Request], key: Key) -> tuple[tuple[Task, ...], ...]:
-    """Each rank's tasks sorted by ``key``."""
-    return tuple(tuple(sorted(rank_tasks(layout, requests, r), key=key)) for r in range(layout.num_ranks))
-
-
-def release_slots(layout: Layout, requests: Sequence[Request], key: Key) -> dict[Task, int]:
-    """Each task's slot, the first element of its key."""
-    return {t: int(key(t)[0]) for r in range(layout.num_ranks) for t in rank_tasks(layout, requests, r)}
 
 
 def dependencies(task: Task) -> Iterable[Task]:
@@ -109,16 +127,57 @@ def dependencies(task: Task) -> Iterable[Task]:
         yield Task(task.stage, task.request, task.chunk - 1)
 
 
-def nominal_starts(layout: Layout, orders: Sequence[Sequence[Task]],
-                   release: dict[Task, int] | None = None) -> dict[Task, int]:
-    """Start slot of every task when each takes one slot, ranks follow ``orders``, transfers are free
-    and no task starts before its ``release`` slot (a key's slot; default: as soon as possible).
-
-    Raises ValueError, naming each rank's blocked task, if the orders cannot run together.
-    """
+def list_schedule(layout: Layout, requests: Sequence[Request], key: Key
+                  ) -> tuple[tuple[tuple[Task, ...], ...], dict[Task, int]]:
+    """Per-rank compute orders and nominal start slots (see the module docstring)."""
+    queues = [[deque(sorted((Task(s, q.id, c) for q in requests for c in range(q.num_chunks)), key=key))
+               for s in layout.stages_of(r)] for r in range(layout.num_ranks)]
+    keys = {t: key(t) for qs in queues for dq in qs for t in dq}
     end: dict[Task, int] = {}
-    ptr = [0] * len(orders)
-    clock = [0] * len(orders)
+    start: dict[Task, int] = {}
+    orders: list[list[Task]] = [[] for _ in queues]
+    left = len(keys)
+    now = min((k[0] for k in keys.values()), default=0)
+    while left:
+        ran, wake = [], []
+        for r, qs in enumerate(queues):
+            best = None
+            for dq in qs:
+                if not dq:
+                    continue
+                t = dq[0]
+                ready = max([keys[t][0]] + [end.get(d, 1 << 62) for d in dependencies(t)])
+                if ready <= now and (best is None or keys[t] < keys[best[0]]):
+                    best = (t, dq)
+                elif ready > now:
+                    wake.append(ready)
+            if best:
+                best[1].popleft()
+                start[best[0]] = now
+                orders[r].append(best[0])
+                ran.append(best[0])
+        for t in ran:
+            end[t] = now + 1
+        left -= len(ran)
+        later = [w for w in wake if w < 1 << 62]
+        if not ran and not later:
+            heads = {r: [str(dq[0]) for dq in qs if dq] for r, qs in enumerate(queues) if any(qs)}
+            raise ValueError(f"the key's order cannot run (a task waits for one queued behind it): heads {heads}")
+        now = now + 1 if ran else max(now + 1, min(later))
+    return tuple(tuple(o) for o in orders), start
+
+
+def orders_from_key(layout: Layout, requests: Sequence[Request], key: Key) -> tuple[tuple[Task, ...], ...]:
+    """Each rank's compute order under ``key`` (the orders of :func:`list_schedule`)."""
+    return list_schedule(layout, requests, key)[0]
+
+
+def nominal_starts(layout: Layout, orders: Sequence[Sequence[Task]]) -> dict[Task, int]:
+    """Start slot of every task when each takes one slot, ranks follow the given ``orders`` and start a
+    task as soon as it is ready. Raises ValueError, naming each rank's blocked task, if the orders cannot
+    run together."""
+    end: dict[Task, int] = {}
+    ptr, clock = [0] * len(orders), [0] * len(orders)
     progress = True
     while progress:
         progress = False
@@ -128,8 +187,7 @@ def nominal_starts(layout: Layout, orders: Sequence[Sequence[Task]],
                 deps = list(dependencies(task))
                 if any(d not in end for d in deps):
                     break
-                start = max([clock[r], release.get(task, 0) if release else 0] + [end[d] for d in deps])
-                end[task] = clock[r] = start + 1
+                end[task] = clock[r] = max([clock[r]] + [end[d] for d in deps]) + 1
                 ptr[r] += 1
                 progress = True
     stuck = [(r, order[ptr[r]]) for r, order in enumerate(orders) if ptr[r] < len(order)]
