@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-# name -> (module, one-line help). Modules are imported only when their command runs.
+# name -> (module, one-line help). Command modules stay light: heavy imports happen inside run().
 COMMANDS: dict[str, tuple[str, str]] = {
     "prefill": ("vpp.cli_prefill", "run prefill schedules on real ranks and compare them"),
     "simulate": ("vpp.schedules.cli_simulate", "simulate CPP, VPP and VPP-Async side by side (Table 2 numbers)"),
