@@ -1,0 +1,98 @@
+"""Plan builders: CPP, VPP (Algorithm 1) and VPP-Async. Each one is a priority rule (a sort key over
+tasks, :mod:`.order`) plus the communication placement pass (:mod:`.comms`); they emit the IR and
+nothing else. Requests are processed one after another in the order given; a packing builder can pass
+its own key to :func:`build_plan` (or its own per-rank orders to :func:`plan_from_orders`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .comms import insert_comms
+from .ir import COMM_MODES, Plan, Request
+from .layout import Layout
+from .order import Key, Task, auto_slack, list_schedule, slot_key
+
+
+def _requests(requests: Sequence[Request]) -> tuple[Request, ...]:
+    requests = tuple(requests)
+    if not requests:
+        raise ValueError("a plan needs at least one request")
+    for q in requests:
+        if not isinstance(q, Request):
+            raise TypeError(f"expected Request objects, got {q!r} (see chunk_requests)")
+    return requests
+
+
+def plan_from_orders(layout: Layout, requests: Sequence[Request], orders: Sequence[Sequence[Task]], *,
+                     comm: str = "blocking", name: str = "plan", starts: dict[Task, int] | None = None,
+                     at: str = "produced") -> Plan:
+    """A plan from per-rank compute orders (and optionally their nominal start slots): places
+    SEND/RECV/HANDOFF with :func:`comms.insert_comms`."""
+    if comm not in COMM_MODES:
+        raise ValueError(f"comm={comm!r}; expected one of {COMM_MODES}")
+    requests = _requests(requests)
+    orders = [[Task(*t) for t in o] for o in orders]
+    actions = insert_comms(layout, requests, orders, starts=starts, at=at)
+    return Plan(name=name, layout=layout, requests=requests, actions=actions, comm=comm)
+
+
+def build_plan(layout: Layout, requests: Sequence[Request], *, key: Key | None = None,
+               slack: int | None = None, min_slack: int = 0, group: int | None = None,
+               comm: str = "blocking", name: str = "plan") -> Plan:
+    """The generic builder: list-schedule the tasks by ``key`` (:func:`order.list_schedule`), then place
+    the communication. The default key is :func:`order.slot_key` with ``slack`` (default: the smallest
+    conflict-free slack >= ``min_slack``, :func:`order.auto_slack`) and ``group``."""
+    requests = _requests(requests)
+    if key is None:
+        slack = auto_slack(layout, min_slack, group) if slack is None else slack
+        key = slot_key(layout, requests, slack=slack, group=group)
+    orders, starts = list_schedule(layout, requests, key)
+    return plan_from_orders(layout, requests, orders, comm=comm, name=name, starts=starts)
+
+
+def build_cpp(layout: Layout, requests: Sequence[Request], *, comm: str = "blocking", name: str = "cpp") -> Plan:
+    """CPP: every chunk goes through a loop layout (one stage per rank), chunks in order on every rank.
+    Chunk sizes are taken from the requests as they are (fixed, ragged, or a DCPP planner's)."""
+    if layout.kind != "loop":
+        raise ValueError(f"build_cpp runs a loop layout (one stage per rank); got {layout.describe()} -- "
+                         f"use build_vpp for folded or interleaved layouts")
+    return build_plan(layout, requests, comm=comm, name=name)
+
+
+def build_vpp(layout: Layout, requests: Sequence[Request], *, comm: str = "blocking", name: str = "vpp") -> Plan:
+    """VPP, Algorithm 1 generalised to P ranks and f folds: each rank runs its stages in the order of the
+    unit-time slot key with no slack, list-scheduled (:mod:`.order`). On a V with P = 2, while rank 1 runs s1 and s2 of
+    chunk k, rank 0 runs s3 of chunk k-1 and then s0 of chunk k+1; at every chunk boundary both ranks
+    exchange activations (rank 0 sends first, rank 1 receives first, so blocking send/recv cannot
+    deadlock). Works on any layout ("interleaved" gives Megatron's forward order); on a loop it is CPP.
+    """
+    return build_plan(layout, requests, slack=0, comm=comm, name=name)
+
+
+def build_vpp_async(layout: Layout, requests: Sequence[Request], *, name: str = "vpp-async") -> Plan:
+    """VPP-Async: the vanilla order with one slot of slack on every remote hop, and non-blocking comm.
+
+    Reordering. In vanilla VPP on a V with P = 2, rank 0 finishes s0/C_k exactly when rank 1 finishes
+    s2/C_{k-1}; both then need what the other just sent, so both wait in both directions. Giving every
+    remote hop one slot of slack in the unit-time slot key (:func:`order.slot_key`, ``slack=1``) moves
+    s0/C_{k+1} ahead of s3/C_{k-1} on rank 0 (the paper's swap). Now rank 0 sends s0/C_{k+1} in the middle
+    of rank 1's work on chunk k, and rank 1's s2/C_k output reaches rank 0 while rank 0 computes
+    s0/C_{k+2}: every transfer is issued while its receiver computes, the receiver has one compute of
+    slack to absorb it, and no rank waits in both directions at once. For general P and folds the same
+    slack applies to every link; the RECV is posted when the data is produced (one compute ahead of its
+    consumer), the SEND right after its producer.
+
+    Deadlock. The plan uses "async" semantics (isend/irecv, a COMPUTE waits for the RECV that feeds it).
+    On one communicator whose point-to-point operations complete in posting order, two ranks that both
+    post "send to peer" before "receive from peer" wait on each other forever: each one's receive is
+    queued behind its own send, which needs the other's receive. Two alternating groups break this:
+    transfers towards higher ranks use group 0 and towards lower ranks group 1 (:func:`ir.link_group`),
+    so on each rank pair a group carries one direction only, a send never queues in front of the receive
+    of the opposite direction, and each group drains FIFO because the plan lists every rank pair's sends
+    and receives in the same order (checked by the verifier). Paired non-blocking ops (posting an
+    exchange's isend and irecv together, e.g. batch_isend_irecv) are equivalent. Beyond that the plan
+    is built from one global event order (:mod:`.comms`), so it also runs with a single in-order queue
+    per rank; ``verify(plan, semantics="serial")`` checks exactly that.
+    """
+    return build_plan(layout, requests, min_slack=1, comm="async", name=name)
