@@ -9,6 +9,7 @@ import sys
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "simulate": ("vpp.schedules.cli_simulate", "simulate CPP, VPP and VPP-Async side by side (Table 2 numbers)"),
 }
 
 

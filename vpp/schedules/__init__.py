@@ -13,18 +13,19 @@ from .builders import build_cpp, build_plan, build_vpp, build_vpp_async, plan_fr
 from .comms import insert_comms
 from .cost import Cost, FlopCost, LinearCost, TableCost, seconds_per_token
 from .ir import (COMM_MODES, COMPUTE, HANDOFF, RECV, SEND, Action, Plan, Request, chunk_requests,
-                 link_group)
+                 link_group, replace_actions)
 from .layout import KINDS, Layout, balance, make_layout
-from .order import Task, nominal_starts, orders_from_key, slot_key
+from .order import Task, auto_slack, list_schedule, nominal_starts, orders_from_key, slot_key
 from .simulator import simulate
-from .summary import Summary, format_summaries, summarize
+from .summary import Summary, format_summaries, summarize, timeline
 from .trace import Span, Trace
 from .verify import PlanError, verify
 
 __all__ = [
     "Action", "COMM_MODES", "COMPUTE", "Cost", "FlopCost", "HANDOFF", "KINDS", "Layout", "LinearCost",
     "Plan", "PlanError", "RECV", "Request", "SEND", "Span", "Summary", "TableCost", "Task", "Trace",
-    "balance", "build_cpp", "build_plan", "build_vpp", "build_vpp_async", "chunk_requests",
-    "format_summaries", "insert_comms", "link_group", "make_layout", "nominal_starts", "orders_from_key",
-    "plan_from_orders", "seconds_per_token", "simulate", "slot_key", "summarize", "verify",
+    "auto_slack", "balance", "build_cpp", "build_plan", "build_vpp", "build_vpp_async", "chunk_requests",
+    "format_summaries", "insert_comms", "link_group", "list_schedule", "make_layout", "nominal_starts",
+    "orders_from_key", "plan_from_orders", "replace_actions", "seconds_per_token", "simulate", "slot_key",
+    "summarize", "timeline", "verify",
 ]

@@ -1,7 +1,8 @@
-"""Plan builders: CPP, VPP (Algorithm 1) and VPP-Async. Each one is a priority rule (a sort key over
-tasks, :mod:`.order`) plus the communication placement pass (:mod:`.comms`); they emit the IR and
-nothing else. Requests are processed one after another in the order given; a packing builder can pass
-its own key to :func:`build_plan` (or its own per-rank orders to :func:`plan_from_orders`).
+"""Plan builders: CPP, VPP (Algorithm 1) and VPP-Async. Each one is a priority rule (a key over tasks,
+list-scheduled into per-rank compute orders, :mod:`.order`) plus the communication placement pass
+(:mod:`.comms`); they emit the IR and nothing else. Requests are processed one after another in the
+order given; a packing builder can pass its own key to :func:`build_plan` (or its own per-rank orders
+to :func:`plan_from_orders`).
 """
 
 from __future__ import annotations
@@ -61,11 +62,12 @@ def build_cpp(layout: Layout, requests: Sequence[Request], *, comm: str = "block
 
 
 def build_vpp(layout: Layout, requests: Sequence[Request], *, comm: str = "blocking", name: str = "vpp") -> Plan:
-    """VPP, Algorithm 1 generalised to P ranks and f folds: each rank runs its stages in the order of the
-    unit-time slot key with no slack, list-scheduled (:mod:`.order`). On a V with P = 2, while rank 1 runs s1 and s2 of
-    chunk k, rank 0 runs s3 of chunk k-1 and then s0 of chunk k+1; at every chunk boundary both ranks
-    exchange activations (rank 0 sends first, rank 1 receives first, so blocking send/recv cannot
-    deadlock). Works on any layout ("interleaved" gives Megatron's forward order); on a loop it is CPP.
+    """VPP, Algorithm 1 generalised to P ranks and f folds: each rank runs its stages in the order of
+    the unit-time slot key with no slack, list-scheduled (:mod:`.order`). On a V with P = 2, while rank
+    1 runs s1 and s2 of chunk k, rank 0 runs s3 of chunk k-1 and then s0 of chunk k+1; at every chunk
+    boundary both ranks exchange activations (rank 0 sends first, rank 1 receives first, so blocking
+    send/recv cannot deadlock). Works on any layout ("interleaved" gives Megatron's forward order); on a
+    loop it is CPP.
     """
     return build_plan(layout, requests, slack=0, comm=comm, name=name)
 

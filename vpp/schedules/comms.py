@@ -1,10 +1,11 @@
 """Communication placement: per-rank compute orders -> per-rank actions with SEND/RECV/HANDOFF.
 
 The compute orders come with nominal start slots in an idealised unit-time model (every compute takes
-one slot, transfers are free): those of the list schedule that produced them (:func:`order.list_schedule`),
-or, for bare orders, each task as soon as it is ready (:func:`order.nominal_starts`). Each activation that crosses ranks becomes one transfer
-placed at a nominal time ``T``: the end of its producer (``at="produced"``, the default) or the start of
-its consumer (``at="needed"``). Both ends of the transfer are placed at the same ``T`` on their ranks:
+one slot, transfers are free): those of the list schedule that produced them
+(:func:`order.list_schedule`), or, for bare orders, each task as soon as it is ready
+(:func:`order.nominal_starts`). Each activation that crosses ranks becomes one transfer placed at a
+nominal time ``T``: the end of its producer (``at="produced"``, the default) or the start of its
+consumer (``at="needed"``). Both ends of the transfer are placed at the same ``T`` on their ranks:
 after the rank's computes that end by ``T``, before those that start at or after ``T``; transfers that
 share a ``T`` are ordered by (stage, request, chunk) on every rank. A local hand-off follows its
 producer directly.

@@ -91,6 +91,36 @@ def split_blocked(span: Span, partners: dict) -> tuple[float, float]:
     return wait, span.duration - wait
 
 
+def timeline(trace: Trace) -> list[list[tuple[str, float, float, Span | None]]]:
+    """Per rank, the attributed segments (kind, start, end, span) over the makespan, kind in "compute",
+    "comm" (exposed), "bubble" (blocked waiting for the peer, or nothing to do); for plots."""
+    partners = _partner_starts(trace)
+    t0, t1 = trace.start, trace.end
+    out = []
+    for r in range(trace.num_ranks):
+        segs = []
+        for s in trace.of(r):
+            if s.kind == "compute" and s.duration > 0:
+                segs.append(("compute", s.start, s.end, s))
+            elif s.kind in ("send", "recv") and s.duration > 0:
+                wait, _ = split_blocked(s, partners)
+                if wait > 0:
+                    segs.append(("bubble", s.start, s.start + wait, s))
+                if s.duration > wait:
+                    segs.append(("comm", s.start + wait, s.end, s))
+        segs.sort(key=lambda x: x[1])
+        filled, now = [], t0
+        for seg in segs:
+            if seg[1] > now:
+                filled.append(("bubble", now, seg[1], None))
+            filled.append(seg)
+            now = max(now, seg[2])
+        if now < t1:
+            filled.append(("bubble", now, t1, None))
+        out.append(filled)
+    return out
+
+
 def summarize(trace: Trace) -> Summary:
     makespan = trace.makespan
     partners = _partner_starts(trace)

@@ -6,8 +6,9 @@
 3. on its rank, every compute comes after its input (the RECV or HANDOFF of the previous stage) and
    after the same stage's previous chunk (KV cache), and every SEND/HANDOFF after its compute;
 4. for each rank pair, the sender's SENDs and the receiver's RECVs list the transfers in the same order;
-5. it cannot deadlock under its communication semantics (blocking plans are run with rendezvous
-   semantics, async plans with non-blocking ones; see :mod:`.engine`).
+5. it cannot deadlock under its communication semantics: blocking plans are run with rendezvous
+   semantics (and non-blocking ones), async plans with non-blocking ones (see :mod:`.engine`); since
+   which send matches which receive is fixed, one run decides it for every timing.
 
 A broken plan raises :class:`PlanError` with the rank x step grid and the offending cells marked.
 """
@@ -28,12 +29,15 @@ class PlanError(ValueError):
 
 def verify(plan: Plan, *, semantics: str | None = None) -> Plan:
     """Check ``plan`` (see the module docstring); returns it, or raises :class:`PlanError`.
-    ``semantics`` overrides the plan's own ("blocking", "async" or the stricter "serial")."""
+    ``semantics`` overrides the plan's own ("blocking", "async" or the stricter "serial"); a blocking
+    plan is by default also checked with non-blocking semantics."""
     _check_actions(plan)
     where = _check_coverage(plan)
     _check_local_order(plan)
     _check_fifo(plan, where)
-    _check_progress(plan, semantics or plan.comm)
+    modes = [semantics] if semantics else (["blocking", "async"] if plan.comm == "blocking" else ["async"])
+    for mode in modes:
+        _check_progress(plan, mode)
     return plan
 
 
@@ -159,6 +163,10 @@ def _check_progress(plan: Plan, semantics: str) -> None:
             else:
                 a = acts[i]
                 what = f"waits in {a}" if a.is_comm else f"waits for the input of {a}"
+                if a.is_comm:
+                    j = e.blocked.get(a.peer, len(plan.actions[a.peer]))
+                    other = plan.actions[a.peer][j] if j < len(plan.actions[a.peer]) else "the end of its list"
+                    what += f" (rank {a.peer} is at {other})"
                 parts.append(f"rank {r} step {i} {what}")
         marks = [(r, min(i, len(plan.actions[r]) - 1)) for r, i in e.blocked.items() if plan.actions[r]]
         raise PlanError(plan, f"deadlock under {semantics} semantics: " + "; ".join(parts), marks) from None
