@@ -1,0 +1,84 @@
+"""Device timing, the deployment cost model's stage sums, the CPP fit and the paper decomposition."""
+
+import pytest
+
+from vpp.perf.arch import Arch
+from vpp.perf.configs import get_config
+from vpp.perf.cost import DeploymentCost
+from vpp.perf.device import ASCEND_910C, Device, get_device
+from vpp.perf.fit import fit_cpp
+from vpp.perf.ops import Op, Parallel, embed_ops, head_ops, layer_ops
+from vpp.perf.runs import Setup, run
+from vpp.schedules import make_layout
+
+from test_ops import TINY_MLA
+
+DEV = Device("test", peak_flops=1e12, mem_bw=1e11, mem_bytes=1e10, link_bw=1e10, lowp_speedup=2.0,
+             eff_matmul=0.5, eff_attn=0.25, eff_mem=0.5, eff_link=0.5, link_latency=1e-6, kernel_overhead=2e-6)
+
+
+def test_op_times_by_hand():
+    # compute-bound GEMM: 1e9 FLOPs at 1e12 * 0.5 = 2 ms, + 1 launch
+    assert DEV.op_time(Op("g", "gemm", "gemm", flops=1e9, bytes=1e3)) == pytest.approx(2e-3 + 2e-6)
+    # the same at low precision runs twice as fast
+    assert DEV.op_time(Op("g", "gemm", "gemm", flops=1e9, bytes=1e3, lowp=True)) == pytest.approx(1e-3 + 2e-6)
+    # memory-bound GEMM: 1e8 bytes at 1e11 * 0.5 = 2 ms
+    assert DEV.op_time(Op("g", "gemm", "gemm", flops=1e3, bytes=1e8, kernels=3)) == pytest.approx(2e-3 + 6e-6)
+    assert DEV.op_time(Op("a", "attn", "attention", flops=1e9)) == pytest.approx(4e-3 + 2e-6)
+    # ring all-reduce of 8e6 bytes over 4 ranks: 6 steps of latency + 2 * 3/4 * 8e6 / 5e9
+    assert DEV.op_time(Op("r", "allreduce", "tp_comm", bytes=8e6, group=4)) == pytest.approx(6e-6 + 2.4e-3)
+    assert DEV.allgather(8e6, 4) == pytest.approx(3e-6 + 1.2e-3)
+    assert DEV.allreduce(8e6, 1) == 0.0
+
+
+def test_stage_sums_layers_embedding_and_head():
+    arch = Arch.from_config(TINY_MLA)
+    par = Parallel(tp=2, weight_bytes=1)
+    layout = make_layout("loop", 2, 2)
+    cost = DeploymentCost(arch, DEV, layout, par)
+    c, L = 4, 6
+    t0 = sum(DEV.op_time(op) for op in layer_ops(arch, 0, c, L, par) + embed_ops(arch, c, par))
+    t1 = sum(DEV.op_time(op) for op in layer_ops(arch, 1, c, L, par) + head_ops(arch, c, par))
+    assert cost.compute(0, c, L) == pytest.approx(t0) and cost.compute(1, c, L) == pytest.approx(t1)
+    assert sum(cost.breakdown(0, c, L).values()) == pytest.approx(t0)
+    assert cost.breakdown(0, c, L)["launch"] > 0 and "tp_comm" in cost.breakdown(0, c, L)
+    msg = c * 64 * 2 * 2
+    assert cost.transfer(c) == pytest.approx(DEV.p2p(msg / 2) + DEV.allgather(msg, 2))
+    with pytest.raises(ValueError, match="layout has 3 layers"):
+        DeploymentCost(arch, DEV, make_layout("loop", 3, 1), par)
+
+
+def test_step_overhead_and_presets():
+    arch = Arch.from_config(TINY_MLA)
+    cost = DeploymentCost(arch, DEV.replace(step_overhead=1e-3), make_layout("loop", 2, 1), Parallel())
+    assert cost.breakdown(0, 4, 0)["step"] == 1e-3
+    assert get_device("910c").peak_flops == 376e12 and get_device("h200").mem_bw == 4.8e12
+    assert all(k in ASCEND_910C.sources for k in ("peak_flops", "mem_bw", "link_bw", "eff_attn"))
+    with pytest.raises(KeyError, match="unknown device"):
+        get_device("tpu")
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    setup = Setup(Arch.from_config(get_config("deepseek")), ASCEND_910C, Parallel(tp=8, weight_bytes=1))
+    return fit_cpp(setup)
+
+
+def test_fit_hits_the_cpp_row(fitted):
+    setup, fit = fitted
+    assert fit.achieved["compute"] == pytest.approx(252.59, rel=1e-6)
+    assert fit.achieved["exposed_comm"] == pytest.approx(16.67, rel=1e-6)
+    assert 0 < setup.device.eff_attn < 1 and 0 < setup.device.eff_link < 1
+
+
+def test_decomposition_adds_up(fitted):
+    setup, _ = fitted
+    for strategy in ("cpp", "dcpp", "vpp", "vpp-async"):
+        row = run(setup, strategy, [131072], 16384).row
+        assert row.compute + row.bubble + row.exposed_comm == pytest.approx(row.total, rel=1e-9)
+        assert row.categories["attention"] > 0
+    sim = run(setup, "vpp-async", [131072], 16384)
+    from vpp.perf.decompose import decompose
+    a = decompose("x", sim.plan, sim.trace, sim.cost, view="simulator")
+    b = decompose("x", sim.plan, sim.trace, sim.cost, view="profiler")
+    assert a.total == b.total and b.bubble <= a.bubble and b.exposed_comm >= a.exposed_comm
