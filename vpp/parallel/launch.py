@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import queue
 import tempfile
 import time
@@ -76,7 +77,9 @@ def _rank_main(
             world_size=world_size, timeout_s=pg_timeout_s,
         )
         value = fn(rank, world_size, *args)
-        results.put((rank, True, value))
+        # plain pickle copies tensors by value: torch's queue would pass shared-memory handles that
+        # die with this process before the parent reads them
+        results.put((rank, True, pickle.dumps(value)))
     except BaseException as exc:  # noqa: BLE001 -- report everything, including KeyboardInterrupt
         results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
@@ -150,7 +153,7 @@ def _collect(procs: list, results: Any, world_size: int, timeout: float) -> list
             continue
         if not ok:
             _raise_root_failure(procs, results, world_size, {rank: value}, values)
-        values[rank] = value
+        values[rank] = pickle.loads(value)
     return [values[r] for r in range(world_size)]
 
 
@@ -165,7 +168,7 @@ def _raise_root_failure(procs, results, world_size, failures: dict[int, str], va
             rank, ok, value = results.get(timeout=0.1)
         except queue.Empty:
             continue
-        (failures.setdefault(rank, value) if not ok else values.setdefault(rank, value))
+        (failures.setdefault(rank, value) if not ok else values.setdefault(rank, pickle.loads(value)))
     silent = [r for r, p in enumerate(procs) if r not in failures and r not in values and not p.is_alive()]
     if silent:
         r = silent[0]
