@@ -67,16 +67,10 @@ def _worker(rank: int, world: int, cfg):
 
 def run(args) -> int:
     cfg = _config(args)
-    from vpp.parallel import init_distributed, launched_by_torchrun, run_distributed
-    if launched_by_torchrun():
-        import torch.distributed as dist
-        init_distributed()
-        out = _worker(dist.get_rank(), dist.get_world_size(), cfg)
-        dist.destroy_process_group()
-        if out is None:
-            return 0
-    else:
-        out = run_distributed(_worker, cfg.tp * cfg.pp, cfg, timeout=cfg.timeout_s * 2, threads=args.threads)[0]
+    from vpp.parallel import launch
+    out = launch(_worker, cfg.tp * cfg.pp, cfg, timeout=cfg.timeout_s * 2, threads=args.threads)[0]
+    if out is None:  # under torchrun, every rank but global rank 0
+        return 0
     rows, facts = out
     return report(rows, facts, cfg, as_json=args.json, atol=args.atol)
 

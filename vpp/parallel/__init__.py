@@ -12,7 +12,7 @@ from vpp.parallel.groups import (
     get_pipeline_model_parallel_world_size, get_tensor_model_parallel_group,
     get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size, initialize_model_parallel,
 )
-from vpp.parallel.launch import RankFailure, init_distributed, launched_by_torchrun, run_distributed
+from vpp.parallel.launch import RankFailure, init_distributed, launch, launched_by_torchrun, run_distributed
 from vpp.parallel.layers import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from vpp.parallel.sharding import Shard, load_param, load_state
 

@@ -180,3 +180,17 @@ def _raise_root_failure(procs, results, world_size, failures: dict[int, str], va
     if details:
         message += f"\nother ranks failed afterwards:\n{details}"
     raise RankFailure(first, message)
+
+
+def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 3600.0,
+           threads: int = 1) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on every rank: in this process when started by torchrun
+    (one rank per process, any number of nodes; returns ``[this rank's value]``), else on
+    ``world_size`` spawned CPU ranks (returns every rank's value)."""
+    if launched_by_torchrun():
+        init_distributed()
+        try:
+            return [fn(dist.get_rank(), dist.get_world_size(), *args)]
+        finally:
+            dist.destroy_process_group()
+    return run_distributed(fn, world_size, *args, timeout=timeout, threads=threads)
