@@ -103,9 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "moe_dispatch.md"))
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()[0]
     times = run_distributed(_rank, 2, args.shapes, args.tokens, args.rounds, timeout=1800)[0]
+    # other work on the machine shows in the load average: compare the ratios, not the times
+    load = f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (machine cores: {os.cpu_count()})"
     table = _table(times, args.shapes, args.tokens)
-    print(table)
+    print(f"{table}\n{load}")
     if args.out:
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         shapes = "; ".join(f"{name}: {cfg.hidden_size=}, {cfg.moe_intermediate_size=}, {cfg.num_experts=}, "
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.out, "w") as f:
             f.write(f"# MoE dispatch, 2 gloo ranks x 1 thread, fp32, {args.rounds} rounds after a warm-up\n\n"
                     f"`python {' '.join(['benchmarks/moe_dispatch.py', *sys.argv[1:]])}`\n\n{shapes.replace('cfg.', '')}\n\n"
-                    f"{table}\n")
+                    f"{table}\n\n{load}\n")
 
 
 if __name__ == "__main__":

@@ -21,16 +21,17 @@ attention's all-reduce), and so is the output.
 
 Which is cheaper: "allreduce", here and (expected) at TP8 on NVLink/HCCS. ``benchmarks/moe_dispatch.py``
 (2 gloo ranks x 1 thread, tp = ep = 2, k = 4; ``benchmarks/results/moe_dispatch.md``) measures
-"alltoall" 1.2-1.9x slower than "allreduce" from 256 to 4096 tokens: the input is already replicated,
-so the dispatch all-to-all re-sends rows the receiver holds, and both modes do the same expert FLOPs.
-Per rank and per layer a ring all-reduce sends 2 (tp-1)/tp x T x H elements; "alltoall" sends
-(ep-1)/ep x (2 T k/ep + T) x H (dispatch, combine, all-gather; plus an etp all-reduce of the slices
-when etp > 1), which is more whenever k > ep/2 -- 1.5x at TP8 = EP8 with k = 8 (Qwen3-MoE,
-DeepSeek-V3, GLM-5) -- and adds a count exchange that waits on the host, while all-reduce is the
-collective that NCCL/HCCL optimise best on those fabrics (NVLink SHARP does it in the switch). The
-same runs show experts split over ep beating experts TP-sharded over the whole group (ep = 1) by
-1.1-1.9x on CPU: with ep = 1 every rank gathers and scatters all T x k token copies. "alltoall" pays off
-when the input is not replicated (data-parallel attention, sequence parallelism) or ep crosses nodes.
+"alltoall" 1.2-2.2x slower than "allreduce" at 64-4096 tokens (median per-round ratio): the input is
+already replicated, so the dispatch all-to-all re-sends rows the receiver holds, and both modes do
+the same expert FLOPs. Per rank and per layer a ring all-reduce sends 2 (tp-1)/tp x T x H elements;
+"alltoall" sends (ep-1)/ep x (2 T k/ep + T) x H (dispatch, combine, all-gather; plus an etp
+all-reduce of the slices when etp > 1). With tp = ep that is more whenever k > ep/2 -- 1.5x at
+TP8 = EP8 with k = 8 (Qwen3-MoE, DeepSeek-V3, GLM-5) -- and it adds a count exchange that waits on the
+host, while all-reduce is the collective NCCL/HCCL optimise best on those fabrics (NVLink SHARP
+reduces in the switch). The same runs show experts split over ep beating experts TP-sharded over the
+whole group (ep = 1) by 1.0-2.7x on CPU: with ep = 1 every rank gathers and scatters all T x k token
+copies. "alltoall" pays off when the input is not replicated (data-parallel attention, sequence
+parallelism) or the EP group crosses nodes.
 
 Loading. Unsharded Hugging Face checkpoints store experts one by one (``experts.{e}.gate_proj.weight``,
 ``.up_proj.weight``, ``.down_proj.weight``), the router as ``gate.weight`` (+ ``gate.e_score_correction_bias``)
@@ -187,24 +188,18 @@ class MoE(nn.Module):
         unsharded tensors ``get_tensor(prefix + name)``. Only this rank's experts are read; missing
         tensors raise a KeyError naming them all."""
         full = read_tensors(get_tensor, self.checkpoint_names(prefix), f"MoE at {prefix!r}")
-        cfg = self.cfg
-        _copy(self.gate.weight, full[f"{prefix}gate.weight"], (cfg.num_experts, cfg.hidden_size), f"{prefix}gate.weight")
+        cfg, etp = self.cfg, self.groups.etp
+        h, inter = cfg.hidden_size, cfg.moe_intermediate_size
+        _copy(self.gate.weight, full, f"{prefix}gate.weight", (cfg.num_experts, h))
         if cfg.correction_bias:
-            name = f"{prefix}gate.e_score_correction_bias"
-            _copy(self.gate.e_score_correction_bias, full[name], (cfg.num_experts,), name)
-        rows, cols = Shard(0, self.groups.etp.rank, self.groups.etp.size), Shard(1, self.groups.etp.rank, self.groups.etp.size)
-        expected = {"gate_proj": (cfg.moe_intermediate_size, cfg.hidden_size),
-                    "up_proj": (cfg.moe_intermediate_size, cfg.hidden_size),
-                    "down_proj": (cfg.hidden_size, cfg.moe_intermediate_size)}
+            _copy(self.gate.e_score_correction_bias, full, f"{prefix}gate.e_score_correction_bias", (cfg.num_experts,))
+        rows, cols = Shard(0, etp.rank, etp.size), Shard(1, etp.rank, etp.size)
         for i, e in enumerate(self.local_experts()):
-            w = {}
-            for proj, shape in expected.items():
-                name = f"{prefix}experts.{e}.{proj}.weight"
-                if tuple(full[name].shape) != shape:
-                    raise ValueError(f"{name}: checkpoint shape {tuple(full[name].shape)}, expected {shape}")
-                w[proj] = full[name]
-            self.experts.gate_up_proj[i].copy_(torch.cat([rows.narrow(w["gate_proj"]), rows.narrow(w["up_proj"])]))
-            self.experts.down_proj[i].copy_(cols.narrow(w["down_proj"]))
+            name = f"{prefix}experts.{e}."
+            gate = rows.narrow(_checked(full, f"{name}gate_proj.weight", (inter, h)))
+            up = rows.narrow(_checked(full, f"{name}up_proj.weight", (inter, h)))
+            self.experts.gate_up_proj[i].copy_(torch.cat([gate, up]))
+            self.experts.down_proj[i].copy_(cols.narrow(_checked(full, f"{name}down_proj.weight", (h, inter))))
         if self.shared_experts is not None:
             self.shared_experts.load_checkpoint(full.__getitem__, f"{prefix}shared_experts.")
 
@@ -244,10 +239,14 @@ def gather_rows(x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
     return torch.cat([part[:n] for part, n in zip(parts, sizes)])
 
 
-def _copy(param: torch.Tensor, full: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
-    if tuple(full.shape) != shape:
-        raise ValueError(f"{name}: checkpoint shape {tuple(full.shape)}, expected {shape}")
-    param.copy_(full)
+def _checked(full: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    if tuple(full[name].shape) != shape:
+        raise ValueError(f"{name}: checkpoint shape {tuple(full[name].shape)}, expected {shape}")
+    return full[name]
+
+
+def _copy(param: torch.Tensor, full: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> None:
+    param.copy_(_checked(full, name, shape))
 
 
 __all__ = ["MoE", "MoEConfig", "DenseMLP", "GroupedExperts", "Router", "build_mlp", "is_moe_layer",
