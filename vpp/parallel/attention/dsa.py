@@ -63,21 +63,28 @@ class Indexer(nn.Module):
         """Top-k key positions [c, min(k, T)] of each query over ``keys`` [T, d_I] (prefix and chunk);
         -1 marks a slot beyond a query's causal keys (when it has fewer than k)."""
         c, heads, dim = x.shape[0], self.spec.index_n_heads, self.spec.index_head_dim
-        q = self._rotate(self.wq_b(q_resid).view(c, heads, dim), cos, sin).float()
+        q = self._rotate(self.wq_b(q_resid).view(c, heads, dim), cos, sin).float() * dim ** -0.5
         weights = self.weights_proj(x).float() * heads ** -0.5
         keys_t, total = keys.float().t(), keys.shape[0]
         k = min(self.spec.index_topk, total)
         block = max(1, BLOCK_ELEMENTS // (heads * total))
         out = []
         for s in range(0, c, block):
-            e = min(s + block, c)
-            scores = torch.relu(q[s:e] @ keys_t * dim ** -0.5)  # [b, heads, T]
-            index = (weights[s:e, None, :] @ scores)[:, 0]  # [b, T]
-            pos = torch.arange(offset + s, offset + e, device=x.device)
-            index.masked_fill_(torch.arange(total, device=x.device)[None, :] > pos[:, None], float("-inf"))
+            b = min(block, c - s)
+            scores = (q[s:s + b].reshape(b * heads, dim) @ keys_t).view(b, heads, total).relu_()
+            index = (weights[s:s + b, None, :] @ scores)[:, 0]  # [b, T]
+            first_hidden = offset + s + 1  # query s sees keys [0, offset + s]
+            if first_hidden < total:
+                index.masked_fill_(_future(b, total, first_hidden, x.device), float("-inf"))
             value, idx = index.topk(k, dim=-1)
             out.append(idx.masked_fill_(value == float("-inf"), -1))
         return torch.cat(out)
+
+
+def _future(rows: int, cols: int, first_hidden: int, device) -> torch.Tensor:
+    """[rows, cols] mask of keys after each query (row i hides columns >= first_hidden + i)."""
+    return torch.arange(cols, device=device)[None, :] >= torch.arange(first_hidden, first_hidden + rows,
+                                                                      device=device)[:, None]
 
 
 def sparse_latent_attention(q: torch.Tensor, latent: torch.Tensor, topk: torch.Tensor, value_dim: int,
@@ -90,13 +97,17 @@ def sparse_latent_attention(q: torch.Tensor, latent: torch.Tensor, topk: torch.T
     """
     c, heads, width = q.shape
     k = topk.shape[1]
+    q = q * scale
     block = max(1, BLOCK_ELEMENTS // (k * (width + heads)))
     out = []
     for s in range(0, c, block):
         idx = topk[s:s + block]
-        rows = latent[idx.clamp(min=0)]  # [b, k, D]
-        scores = (q[s:s + block] @ rows.transpose(1, 2)) * scale  # [b, H, k]
-        scores.masked_fill_((idx < 0)[:, None, :], float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        b = idx.shape[0]
+        hidden = idx < 0
+        rows = latent.index_select(0, idx.clamp(min=0).flatten()).view(b, k, width)
+        scores = q[s:s + b] @ rows.transpose(1, 2)  # [b, H, k]
+        if bool(hidden.any()):
+            scores.masked_fill_(hidden[:, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out.append(probs @ rows[..., :value_dim])
     return torch.cat(out)

@@ -41,14 +41,36 @@ def kernel_for(device_type: str) -> Kernel:
     return _sdpa
 
 
+def _same_width(q, k, v):
+    """Zero-pad q/k or v to one head width (MLA's value width differs from its query/key width):
+    fused kernels want one width, and zero columns change neither q.k nor the kept output columns."""
+    width = max(q.shape[-1], v.shape[-1])
+    return tuple(F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t for t in (q, k, v))
+
+
 def _sdpa(q, k, v, scale):
-    lq, lk = q.shape[1], k.shape[1]
-    mask = None if lq == lk else causal_lower_right(lq, lk)
+    lq, lk, dv = q.shape[1], k.shape[1], v.shape[-1]
+    q, k, v = _same_width(q, k, v)  # different widths send SDPA to its slow math path on CPU
+    mask = None if lq == lk else _bottom_right_mask(lq, lk, q.dtype, q.device)
     out = F.scaled_dot_product_attention(
         q[None], k[None], v[None], attn_mask=mask, is_causal=lq == lk, scale=scale,
         enable_gqa=q.shape[0] != k.shape[0],
     )
-    return out[0]
+    return out[0, ..., :dv]
+
+
+def _bottom_right_mask(lq: int, lk: int, dtype: torch.dtype, device: torch.device):
+    if device.type != "cpu":  # CUDA kernels take the lazy bias without materialising it
+        return causal_lower_right(lq, lk)
+    return _additive_mask(lq, lk, dtype)
+
+
+@lru_cache(maxsize=4)
+def _additive_mask(lq: int, lk: int, dtype: torch.dtype) -> torch.Tensor:
+    """0 where query i may see key j (j <= lk - lq + i), -inf elsewhere; built once per chunk shape
+    and shared by every layer (SDPA would otherwise convert a boolean mask on every call)."""
+    allowed = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)
+    return torch.zeros(lq, lk, dtype=dtype).masked_fill_(~allowed, float("-inf"))
 
 
 def _torch_npu():
@@ -64,8 +86,7 @@ def _npu_fused(q, k, v, scale):
     if k.shape[0] != heads:  # repeat KV heads rather than rely on the op's GQA support
         k = k.repeat_interleave(heads // k.shape[0], dim=0)
         v = v.repeat_interleave(heads // v.shape[0], dim=0)
-    width = max(q.shape[-1], dv)  # MLA: the value width differs from the query/key width
-    q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
+    q, k, v = _same_width(q, k, v)
     out = npu.npu_fusion_attention(
         q[None], k[None], v[None], heads, "BNSD", atten_mask=_npu_causal_mask(q.device),
         scale=scale, sparse_mode=3,
