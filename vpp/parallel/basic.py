@@ -27,6 +27,8 @@ class RMSNorm(nn.Module):
 def linear(in_features: int, out_features: int, *, bias: bool = False,
            dtype: torch.dtype | None = None, device=None) -> nn.Linear:
     """A replicated ``nn.Linear`` whose parameters are allocated but not initialised."""
+    if device is None:  # skip_init would leave the parameters on the meta device
+        device = torch.get_default_device()
     layer = nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype, device=device)
     layer.requires_grad_(False)
     return layer

@@ -71,6 +71,10 @@ class RequestCache:
         entry = self._entries.setdefault(request, {n: GrowingBuffer(d) for n, d in self.layouts.items()})
         return {name: entry[name].append(x) for name, x in parts.items()}
 
+    def get(self, request: Hashable) -> dict[str, torch.Tensor]:
+        """Every stored part of ``request`` (views; empty for an unknown request)."""
+        return {name: buf.view() for name, buf in self._entries.get(request, {}).items()}
+
     def release(self, request: Hashable) -> None:
         self._entries.pop(request, None)
 
