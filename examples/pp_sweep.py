@@ -1,0 +1,70 @@
+"""The same prefill with PP = 1, 2, 3, 4 and every layout vpp offers, in one table (the paper reports
+PP = 2 only). Every row must agree on the first generated token.
+
+    python examples/pp_sweep.py                          # tiny DeepSeek, spawned CPU ranks
+    python examples/pp_sweep.py --model tiny-qwen --seq-len 8192 --chunk-size 1024
+    torchrun --nproc-per-node 4 examples/pp_sweep.py     # only PP = world size under torchrun
+
+Timings on a shared 2-core machine are indicative only; use `vpp prefill --repeat` for measurements.
+"""
+
+import argparse
+import time
+
+import torch
+
+from vpp.models.registry import open_model, snap_partition
+from vpp.parallel import initialize_model_parallel, launch, launched_by_torchrun
+from vpp.schedules import forward_prefill, make_layout
+
+# (schedule, layout kind, folds)
+VARIANTS = [("cpp", "loop", 1), ("vpp", "v", 1), ("vpp-async", "v", 1), ("vpp-async", "v", 2),
+            ("vpp-async", "interleaved", 1)]
+
+
+def sweep(rank: int, world: int, args) -> list[tuple] | None:
+    groups = initialize_model_parallel(1, world)
+    model = open_model(args.model)
+    prompt = torch.randint(0, model.config.get("vocab_size", 512), (args.seq_len,),
+                           generator=torch.Generator().manual_seed(0))
+    rows = []
+    for schedule, kind, folds in VARIANTS:
+        stages_total = world if kind == "loop" else 2 * folds * world
+        if stages_total > model.num_layers or (world == 1 and kind != "loop" and folds > 1):
+            continue
+        try:
+            partition = snap_partition(model.num_layers, stages_total, model.stage_starts)
+        except ValueError:
+            continue
+        layout = make_layout(kind, model.num_layers, world, folds=folds, partition=partition)
+        stages = [model.build(layout.stage_layers[s], groups) for s in layout.stages_of(groups.pp.rank)]
+        start = time.perf_counter()
+        out = forward_prefill(stages, prompt if 0 in layout.stages_of(groups.pp.rank) else None,
+                              args.chunk_size, groups, schedule=schedule, return_trace=True)
+        wall = time.perf_counter() - start
+        s = out.trace.summarize()
+        token = int(out.logits.argmax()) if out.logits is not None else None
+        rows.append((world, schedule, f"{kind} f={folds}", wall, s.makespan, s.bubble_ratio, token))
+    return rows if groups.pp.rank == 0 else None
+
+
+def _merge(per_rank: list) -> list[tuple]:
+    """Rank 0's rows, with the first token taken from whichever rank held the last stage."""
+    rows = [r for r in per_rank if r is not None][0]
+    return rows
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny-deepseek")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--chunk-size", type=int, default=256)
+    p.add_argument("--pp", default="1,2,3,4", help="comma-separated PP degrees (spawned runs)")
+    args = p.parse_args()
+    degrees = [None] if launched_by_torchrun() else [int(x) for x in args.pp.split(",")]
+    print("| PP | schedule | layout | wall s | makespan s | bubble ratio | first token |")
+    print("|---|---|---|---|---|---|---|")
+    for pp in degrees:
+        results = launch(sweep, pp or 0, args)
+        for world, schedule, layout, wall, makespan, bubble, token in _merge(results) or []:
+            print(f"| {world} | {schedule} | {layout} | {wall:.2f} | {makespan:.2f} | {bubble:.1%} | {token} |")
