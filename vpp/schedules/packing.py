@@ -40,8 +40,11 @@ The plan carries ``concurrency`` (the admission gate of :mod:`.ir`); the executo
 the first compute until the request arrives, so an estimate that was too early costs time, never
 correctness.
 
-Generality. Any folded layout (V with any P and folds, interleaved); a loop layout has no drain window
-worth the name (CPP already runs requests back to back, :func:`.builders.build_cpp`) and raises.
+Generality. Any V (any P, any folds): stage 0 and the last stage share rank 0, whose drain window is
+the one Algorithm 2 fills; P = 1 never idles, so nothing is packed. An interleaved layout is accepted,
+but rank 0's share of R ends before R drains on the other ranks, so R' already follows it there without
+packing (no window on rank 0 to fill). A loop layout raises: CPP already runs requests back to back
+(:func:`.builders.build_cpp`).
 """
 
 from __future__ import annotations
