@@ -23,10 +23,16 @@ tau'_j; the first chunk that does not fit ends packing for R' (``(N+1) t = 9`` f
 C'_0..C'_2, 1 + 2 + 3 = 6, and not C'_3). A packed chunk's later first-traversal stages are packed into
 the gaps of their ranks the same way, as long as its previous stage was; a stage that does not fit stops
 packing at that stage for the later chunks, so chunks of one request never reorder. Everything left of
-R' -- the rest of its first-traversal queue and its continuation queue -- then runs in R''s own
-VPP-Async order after R's work on every rank: once R has completed, R' continues normally. Then R' is
-the request that drains, and R'' packs into its window (or into what is left of R's, if R' was packed
-whole).
+R' -- the rest of its first-traversal queue and its continuation queue -- then continues normally: in
+R''s own VPP-Async per-rank order, each task as early as a gap of its rank holds it without moving a
+planned compute, else after R's work (with P = 2 that is simply after R). Then R' is the request that
+drains, and R'' packs into its window (or into what is left of R's, if R' was packed whole).
+
+Packing never delays the request that drains (under the estimate). The cost-unaware alternative,
+``build_vpp_async(..., request_order="pipelined")``, lets the next request's chunks overtake the drain
+at the slot order's cadence: with P = 2 and linear costs the two coincide; on deeper pipelines the
+pipelined order finishes streams a few percent sooner at the price of a slightly later first token for
+the draining request (``benchmarks/results/stream_sim.md``).
 
 Estimates. Gaps and fits come from a timed evaluation of the per-rank orders under ``cost`` (the
 simulator's cost protocol); without one, from the linear law ``LinearCost.eq2(1, C)`` with C the
@@ -221,9 +227,14 @@ class PackingScheduler:
             done.add(t)
         return packed
 
-    def continue_normally(self, request: Request, packed: set[Task]) -> None:
-        """Append the rest of the request, in its own order, after everything planned on each rank."""
+    def continue_normally(self, request: Request, packed: set[Task], previous: Request | None) -> None:
+        """Place the rest of the request in its own per-rank order: each task, once its inputs are
+        planned, goes into the earliest gap of its rank that holds it without moving a planned compute
+        (after the request's tasks already on that rank, and after the previous request's last compute
+        of the same stage), else after everything planned on the rank."""
         pending = [deque(t for t in order if t not in packed) for order in self.base_orders(request)]
+        after = [max((self.timeline.at[t].free for t in packed if self.layout.rank_of(t.stage) == r), default=0.0)
+                 for r in range(self.layout.num_ranks)]
         while any(pending):
             moved = False
             for rank, dq in enumerate(pending):
@@ -232,9 +243,21 @@ class PackingScheduler:
                     ready = self._ready(t)
                     if ready is None:
                         break
-                    start = max(self.timeline.clock(rank), ready)
-                    end = start + self._duration(t)
-                    self.timeline.append(rank, _Slot(t, start, end, end + self._stall(t)))
+                    duration, stall = self._duration(t), self._stall(t)
+                    not_before = max(ready, after[rank])
+                    if previous is not None:
+                        not_before = max(not_before, self.timeline.at[
+                            Task(t.stage, previous.id, previous.num_chunks - 1)].free)
+                    index = self.timeline.fit(rank, not_before, duration, stall) if previous is not None else None
+                    if index is None:
+                        start = max(self.timeline.clock(rank), ready)
+                        slot = _Slot(t, start, start + duration, start + duration + stall)
+                        self.timeline.append(rank, slot)
+                    else:
+                        start = max(self.timeline.rows[rank][index - 1].free, not_before)
+                        slot = _Slot(t, start, start + duration, start + duration + stall)
+                        self.timeline.insert(rank, index, slot)
+                    after[rank] = slot.free
                     dq.popleft()
                     moved = True
             if not moved:
@@ -247,7 +270,7 @@ class PackingScheduler:
             queues = _DualQueue(self.layout, q)
             packed = self.pack(queues, previous) if previous is not None else []
             self.packed[q.id] = packed
-            self.continue_normally(q, set(packed))
+            self.continue_normally(q, set(packed), previous)
             previous = q
         return self
 

@@ -13,6 +13,14 @@ Every strategy runs the same model (``layers`` layers) on ``pp`` ranks under one
 
 All plans carry the workload's concurrency limit and arrival times. The default cost model,
 :func:`machine_cost`, is this machine's per-layer attention law from ``/work/shared/BENCH.md``.
+
+Three more strategies (:data:`EXTRA`) put the five in context:
+
+* ``cpp-async``, ``dcpp-async`` -- the loop with non-blocking transfers. Rank 0 may then run any number
+  of chunks ahead of rank 1 (unbounded activation buffering): an upper bound for CPP. Blocking CPP keeps
+  about P chunks in flight, like the batch queues of vLLM's and SGLang's pipelines.
+* ``vpp-async-pipelined`` -- VPP-Async with ``request_order="pipelined"``: the unit-time slot order
+  numbers the chunks of all requests consecutively, which overlaps requests without any cost model.
 """
 
 from __future__ import annotations
@@ -33,8 +41,10 @@ from .trace import Trace
 from .workloads import Workload
 
 STRATEGIES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-async-packed")
+EXTRA = ("cpp-async", "dcpp-async", "vpp-async-pipelined")
 LABELS = {"cpp": "CPP", "dcpp": "DCPP", "vpp": "VPP", "vpp-async": "VPP-Async",
-          "vpp-async-packed": "VPP-Async + packing"}
+          "vpp-async-packed": "VPP-Async + packing", "cpp-async": "(CPP, non-blocking)",
+          "dcpp-async": "(DCPP, non-blocking)", "vpp-async-pipelined": "(VPP-Async, pipelined order)"}
 
 
 def machine_cost(layout: Layout, *, chunk: int = 1024, first: float = 0.089, growth: float = 0.034,
@@ -68,7 +78,7 @@ class StreamSetup:
     cost: Callable[[Layout], object] = machine_cost
 
     def layout(self, strategy: str) -> Layout:
-        if strategy in ("cpp", "dcpp"):
+        if strategy.startswith(("cpp", "dcpp")):
             return make_layout("loop", self.layers, self.pp)
         return make_layout("v", self.layers, self.pp, folds=self.folds)
 
@@ -97,22 +107,27 @@ class StreamRow:
 
 def build(setup: StreamSetup, workload: Workload, strategy: str) -> tuple[Plan, object]:
     """The plan of ``strategy`` for ``workload`` and the cost model to simulate it with."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {STRATEGIES}")
+    if strategy not in STRATEGIES + EXTRA:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {STRATEGIES + EXTRA}")
     layout = setup.layout(strategy)
     cost = setup.cost(layout)
     K = workload.concurrency
-    if strategy == "dcpp":
-        planner = DcppPlanner(setup.dcpp_variant, budget=setup.chunk_size)
-        planner.profile(stage_measure(cost, profiled_stages(layout, setup.dcpp_variant)))
-        return build_cpp(layout, workload.requests(planner=planner), concurrency=K, name="dcpp"), cost
+    if strategy.startswith(("cpp", "dcpp")):
+        comm = "async" if strategy.endswith("-async") else "blocking"
+        if strategy.startswith("dcpp"):
+            planner = DcppPlanner(setup.dcpp_variant, budget=setup.chunk_size)
+            planner.profile(stage_measure(cost, profiled_stages(layout, setup.dcpp_variant)))
+            requests = workload.requests(planner=planner)
+        else:
+            requests = workload.requests(setup.chunk_size)
+        return build_cpp(layout, requests, concurrency=K, comm=comm, name=strategy), cost
     requests = workload.requests(setup.chunk_size)
-    if strategy == "cpp":
-        return build_cpp(layout, requests, concurrency=K), cost
     if strategy == "vpp":
         return build_vpp(layout, requests, concurrency=K), cost
     if strategy == "vpp-async":
         return build_vpp_async(layout, requests, concurrency=K), cost
+    if strategy == "vpp-async-pipelined":
+        return build_vpp_async(layout, requests, concurrency=K, request_order="pipelined", name=strategy), cost
     return build_vpp_packed(layout, requests, cost=cost, concurrency=K), cost
 
 
