@@ -149,6 +149,9 @@ def build_vpp_async(layout: Layout, requests: Sequence[Request], *, name: str = 
     exchange's isend and irecv together, e.g. batch_isend_irecv) are equivalent. Beyond that the plan
     is built from one global event order (:mod:`.comms`), so it also runs with a single in-order queue
     per rank; ``verify(plan, semantics="serial")`` checks exactly that.
+
+    Several requests run one at a time (``request_order="sequential"``, see the module docstring), so
+    each pays its drain; :func:`.packing.build_vpp_packed` fills it.
     """
     return build_plan(layout, requests, min_slack=1, comm="async", name=name, request_order=request_order,
                       concurrency=concurrency)

@@ -121,14 +121,19 @@ class _Timeline:
 
 class _DualQueue:
     """The two queues of one request (see the module docstring): ``first`` holds the stages before the
-    fold, chunk-major (leading chunks first); ``continuation`` the stages past the fold."""
+    fold, chunk-major (leading chunks first); ``continuation`` the stages past the fold. Packing moves
+    tasks from ``first`` to ``packed``; whatever is left in both queues then continues normally."""
 
     def __init__(self, layout: Layout, request: Request):
         fold = layout.num_stages // 2
         chunks = range(request.num_chunks)
         self.request = request
         self.first = deque(Task(s, request.id, c) for c in chunks for s in range(fold))
-        self.continuation = [Task(s, request.id, c) for c in chunks for s in range(fold, layout.num_stages)]
+        self.continuation = deque(Task(s, request.id, c) for c in chunks for s in range(fold, layout.num_stages))
+        self.packed: list[Task] = []
+
+    def left(self) -> set[Task]:
+        return set(self.first) | set(self.continuation)
 
 
 class PackingScheduler:
@@ -194,19 +199,15 @@ class PackingScheduler:
         return tuple(tuple(Task(t.stage, request.id, t.chunk) for t in order) for order in self._base[n])
 
     # -- Algorithm 2 ----------------------------------------------------------------------------------
-    def pack(self, queues: _DualQueue, previous: Request) -> list[Task]:
-        """Pop the head of the first-traversal queue into the drain gaps of ``previous`` while they hold
-        it (stage 0: Algorithm 2's window); returns the packed tasks in packing order."""
-        packed: list[Task] = []
-        done: set[Task] = set()
+    def pack(self, queues: _DualQueue, previous: Request) -> None:
+        """Move the leading tasks of the first-traversal queue into the drain gaps of ``previous`` while
+        they hold them (stage 0: Algorithm 2's window), in queue order."""
         stopped: set[int] = set()
-        while queues.first:
-            t = queues.first[0]
-            if t.stage in stopped or (t.stage > 0 and Task(t.stage - 1, t.request, t.chunk) not in done):
+        for t in list(queues.first):
+            if t.stage in stopped or (t.stage > 0 and Task(t.stage - 1, t.request, t.chunk) not in queues.packed):
                 if t.stage == 0:
-                    break
-                stopped.add(t.stage)
-                queues.first.popleft()
+                    return
+                stopped.add(t.stage)  # a later chunk may not overtake this one on its stage
                 continue
             rank = self.layout.rank_of(t.stage)
             drain = self.timeline.at[Task(t.stage, previous.id, previous.num_chunks - 1)].free
@@ -215,26 +216,24 @@ class PackingScheduler:
                 rank, max(ready, drain), self._duration(t), self._stall(t))
             if index is None:
                 if t.stage == 0:
-                    break  # the window left does not cover tau'_j: R' continues after R
+                    return  # the window left does not cover tau'_j: R' continues after R
                 stopped.add(t.stage)
-                queues.first.popleft()
                 continue
             start = max(self.timeline.rows[rank][index - 1].free, ready, drain)
             end = start + self._duration(t)
             self.timeline.insert(rank, index, _Slot(t, start, end, end + self._stall(t)))
-            queues.first.popleft()
-            packed.append(t)
-            done.add(t)
-        return packed
+            queues.first.remove(t)
+            queues.packed.append(t)
 
-    def continue_normally(self, request: Request, packed: set[Task], previous: Request | None) -> None:
-        """Place the rest of the request in its own per-rank order: each task, once its inputs are
-        planned, goes into the earliest gap of its rank that holds it without moving a planned compute
-        (after the request's tasks already on that rank, and after the previous request's last compute
-        of the same stage), else after everything planned on the rank."""
-        pending = [deque(t for t in order if t not in packed) for order in self.base_orders(request)]
-        after = [max((self.timeline.at[t].free for t in packed if self.layout.rank_of(t.stage) == r), default=0.0)
-                 for r in range(self.layout.num_ranks)]
+    def continue_normally(self, queues: _DualQueue, previous: Request | None) -> None:
+        """Place what is left in both queues in the request's own per-rank order: each task, once its
+        inputs are planned, goes into the earliest gap of its rank that holds it without moving a planned
+        compute (after the request's tasks already on that rank, and after the previous request's last
+        compute of the same stage), else after everything planned on the rank."""
+        left = queues.left()
+        pending = [deque(t for t in order if t in left) for order in self.base_orders(queues.request)]
+        after = [max((self.timeline.at[t].free for t in queues.packed if self.layout.rank_of(t.stage) == r),
+                     default=0.0) for r in range(self.layout.num_ranks)]
         while any(pending):
             moved = False
             for rank, dq in enumerate(pending):
@@ -262,15 +261,18 @@ class PackingScheduler:
                     moved = True
             if not moved:
                 heads = {r: str(dq[0]) for r, dq in enumerate(pending) if dq}
-                raise RuntimeError(f"packing scheduler stuck on request {request.id} (heads {heads})")
+                raise RuntimeError(f"packing scheduler stuck on request {queues.request.id} (heads {heads})")
+        queues.first.clear()
+        queues.continuation.clear()
 
     def run(self) -> "PackingScheduler":
         previous = None
         for q in self.requests:
             queues = _DualQueue(self.layout, q)
-            packed = self.pack(queues, previous) if previous is not None else []
-            self.packed[q.id] = packed
-            self.continue_normally(q, set(packed), previous)
+            if previous is not None:
+                self.pack(queues, previous)
+            self.packed[q.id] = list(queues.packed)
+            self.continue_normally(queues, previous)
             previous = q
         return self
 
