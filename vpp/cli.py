@@ -11,6 +11,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "prefill": ("vpp.cli_prefill", "run prefill schedules on real ranks and compare them"),
     "simulate": ("vpp.schedules.cli_simulate", "simulate CPP, VPP and VPP-Async side by side (Table 2 numbers)"),
+    "serve-sim": ("vpp.schedules.cli_serve_sim",
+                  "simulate a request stream (short/long/mixed) under CPP, DCPP, VPP, VPP-Async and packing"),
 }
 
 

@@ -1,8 +1,26 @@
 """Plan builders: CPP, VPP (Algorithm 1) and VPP-Async. Each one is a priority rule (a key over tasks,
 list-scheduled into per-rank compute orders, :mod:`.order`) plus the communication placement pass
-(:mod:`.comms`); they emit the IR and nothing else. Requests are processed one after another in the
-order given; a packing builder can pass its own key to :func:`build_plan` (or its own per-rank orders
-to :func:`plan_from_orders`).
+(:mod:`.comms`); they emit the IR and nothing else. A packing builder (:mod:`.packing`) passes its own
+per-rank orders to :func:`plan_from_orders`.
+
+Request order. Requests enter the pipeline in the order given, and chunks of one request never reorder
+on any stage. How consecutive requests meet is ``request_order``:
+
+* ``"pipelined"`` (CPP's default, as vLLM's and SGLang's pipelines do): the chunks of all requests are
+  numbered consecutively in one slot key, so a chunk of the next request follows the previous chunk
+  through the pipeline with nothing in between; on a loop layout rank 0 starts it as soon as it is free.
+* ``"sequential"`` (VPP's and VPP-Async's default): each request is scheduled alone and the per-rank
+  orders are concatenated, so the next request's stage 0 on chunk 0 comes after the previous request's
+  last compute (last stage, last chunk). In a V both are on rank 0, so this is a program-order
+  constraint of rank 0, and the previous request's drain bubble stays idle: what the paper's pipelined
+  packing (:func:`.packing.build_vpp_packed`) fills. On layouts whose last stage is on another rank
+  (interleaved) the IR cannot hold rank 0 back without a message, and the concatenation only orders each
+  rank's own work: the next request may enter while the previous one drains on other ranks.
+
+``concurrency`` K (default None: unlimited) sets ``Plan.concurrency``: request i may enter only once
+request i-K has finished (see :mod:`.ir`). Pipelined orders are list-scheduled with that dependency;
+sequential orders satisfy it for any K >= 1. Arrival times (``Request.arrival``) never change an
+order; the executor and the simulator hold a request's first compute until it arrives.
 """
 
 from __future__ import annotations
@@ -12,7 +30,9 @@ from typing import Sequence
 from .comms import insert_comms
 from .ir import COMM_MODES, Plan, Request
 from .layout import Layout
-from .order import Key, Task, auto_slack, list_schedule, slot_key
+from .order import Key, Task, admission_gates, auto_slack, list_schedule, slot_key
+
+REQUEST_ORDERS = ("pipelined", "sequential")
 
 
 def _requests(requests: Sequence[Request]) -> tuple[Request, ...]:
@@ -26,53 +46,86 @@ def _requests(requests: Sequence[Request]) -> tuple[Request, ...]:
 
 
 def plan_from_orders(layout: Layout, requests: Sequence[Request], orders: Sequence[Sequence[Task]], *,
-                     comm: str = "blocking", name: str = "plan", starts: dict[Task, int] | None = None,
-                     at: str = "produced") -> Plan:
-    """A plan from per-rank compute orders (and optionally their nominal start slots): places
-    SEND/RECV/HANDOFF with :func:`comms.insert_comms`."""
+                     comm: str = "blocking", name: str = "plan", starts: dict[Task, float] | None = None,
+                     ends: dict[Task, float] | None = None, at: str = "produced",
+                     concurrency: int | None = None) -> Plan:
+    """A plan from per-rank compute orders (and optionally their nominal start slots, or estimated start
+    and end times): places SEND/RECV/HANDOFF with :func:`comms.insert_comms`."""
     if comm not in COMM_MODES:
         raise ValueError(f"comm={comm!r}; expected one of {COMM_MODES}")
     requests = _requests(requests)
     orders = [[Task(*t) for t in o] for o in orders]
-    actions = insert_comms(layout, requests, orders, starts=starts, at=at)
-    return Plan(name=name, layout=layout, requests=requests, actions=actions, comm=comm)
+    actions = insert_comms(layout, requests, orders, starts=starts, ends=ends, at=at)
+    return Plan(name=name, layout=layout, requests=requests, actions=actions, comm=comm, concurrency=concurrency)
 
 
 def build_plan(layout: Layout, requests: Sequence[Request], *, key: Key | None = None,
                slack: int | None = None, min_slack: int = 0, group: int | None = None,
-               comm: str = "blocking", name: str = "plan") -> Plan:
+               comm: str = "blocking", name: str = "plan", request_order: str = "pipelined",
+               concurrency: int | None = None) -> Plan:
     """The generic builder: list-schedule the tasks by ``key`` (:func:`order.list_schedule`), then place
     the communication. The default key is :func:`order.slot_key` with ``slack`` (default: the smallest
-    conflict-free slack >= ``min_slack``, :func:`order.auto_slack`) and ``group``."""
+    conflict-free slack >= ``min_slack``, :func:`order.auto_slack`) and ``group``. ``request_order`` and
+    ``concurrency``: see the module docstring (a custom ``key`` is list-scheduled over all requests at
+    once, i.e. "pipelined")."""
     requests = _requests(requests)
+    if request_order not in REQUEST_ORDERS:
+        raise ValueError(f"request_order={request_order!r}; expected one of {REQUEST_ORDERS}")
+    gates = admission_gates(layout, requests, concurrency)
     if key is None:
         slack = auto_slack(layout, min_slack, group) if slack is None else slack
+        if request_order == "sequential":
+            orders, starts = _sequential(layout, requests, lambda qs: slot_key(layout, qs, slack=slack, group=group))
+            return plan_from_orders(layout, requests, orders, comm=comm, name=name, starts=starts,
+                                    concurrency=concurrency)
         key = slot_key(layout, requests, slack=slack, group=group)
-    orders, starts = list_schedule(layout, requests, key)
-    return plan_from_orders(layout, requests, orders, comm=comm, name=name, starts=starts)
+    orders, starts = list_schedule(layout, requests, key, gates=gates)
+    return plan_from_orders(layout, requests, orders, comm=comm, name=name, starts=starts, concurrency=concurrency)
 
 
-def build_cpp(layout: Layout, requests: Sequence[Request], *, comm: str = "blocking", name: str = "cpp") -> Plan:
-    """CPP: every chunk goes through a loop layout (one stage per rank), chunks in order on every rank.
-    Chunk sizes are taken from the requests as they are (fixed, ragged, or a DCPP planner's)."""
+def _sequential(layout: Layout, requests: Sequence[Request], key_for) -> tuple[list[list[Task]], dict[Task, int]]:
+    """Each request list-scheduled alone; per-rank orders concatenated, nominal slots shifted so that a
+    request starts when the previous one has ended on every rank."""
+    orders: list[list[Task]] = [[] for _ in range(layout.num_ranks)]
+    starts: dict[Task, int] = {}
+    offset = 0
+    for q in requests:
+        own, own_starts = list_schedule(layout, [q], key_for([q]))
+        first = min(own_starts.values())
+        for r, order in enumerate(own):
+            orders[r].extend(order)
+        starts.update({t: s - first + offset for t, s in own_starts.items()})
+        offset = max(starts.values()) + 1
+    return orders, starts
+
+
+def build_cpp(layout: Layout, requests: Sequence[Request], *, comm: str = "blocking", name: str = "cpp",
+              concurrency: int | None = None) -> Plan:
+    """CPP: every chunk goes through a loop layout (one stage per rank), chunks in order on every rank,
+    requests pipelined back to back. Chunk sizes are taken from the requests as they are (fixed, ragged,
+    or a DCPP planner's)."""
     if layout.kind != "loop":
         raise ValueError(f"build_cpp runs a loop layout (one stage per rank); got {layout.describe()} -- "
                          f"use build_vpp for folded or interleaved layouts")
-    return build_plan(layout, requests, comm=comm, name=name)
+    return build_plan(layout, requests, comm=comm, name=name, concurrency=concurrency)
 
 
-def build_vpp(layout: Layout, requests: Sequence[Request], *, comm: str = "blocking", name: str = "vpp") -> Plan:
+def build_vpp(layout: Layout, requests: Sequence[Request], *, comm: str = "blocking", name: str = "vpp",
+              request_order: str = "sequential", concurrency: int | None = None) -> Plan:
     """VPP, Algorithm 1 generalised to P ranks and f folds: each rank runs its stages in the order of
     the unit-time slot key with no slack, list-scheduled (:mod:`.order`). On a V with P = 2, while rank
     1 runs s1 and s2 of chunk k, rank 0 runs s3 of chunk k-1 and then s0 of chunk k+1; at every chunk
     boundary both ranks exchange activations (rank 0 sends first, rank 1 receives first, so blocking
     send/recv cannot deadlock). Works on any layout ("interleaved" gives Megatron's forward order); on a
-    loop it is CPP.
+    loop it is CPP. Several requests run one at a time (``request_order="sequential"``, see the module
+    docstring).
     """
-    return build_plan(layout, requests, slack=0, comm=comm, name=name)
+    return build_plan(layout, requests, slack=0, comm=comm, name=name, request_order=request_order,
+                      concurrency=concurrency)
 
 
-def build_vpp_async(layout: Layout, requests: Sequence[Request], *, name: str = "vpp-async") -> Plan:
+def build_vpp_async(layout: Layout, requests: Sequence[Request], *, name: str = "vpp-async",
+                    request_order: str = "sequential", concurrency: int | None = None) -> Plan:
     """VPP-Async: the vanilla order with one slot of slack on every remote hop, and non-blocking comm.
 
     Reordering. In vanilla VPP on a V with P = 2, rank 0 finishes s0/C_k exactly when rank 1 finishes
@@ -96,5 +149,9 @@ def build_vpp_async(layout: Layout, requests: Sequence[Request], *, name: str = 
     exchange's isend and irecv together, e.g. batch_isend_irecv) are equivalent. Beyond that the plan
     is built from one global event order (:mod:`.comms`), so it also runs with a single in-order queue
     per rank; ``verify(plan, semantics="serial")`` checks exactly that.
+
+    Several requests run one at a time (``request_order="sequential"``, see the module docstring), so
+    each pays its drain; :func:`.packing.build_vpp_packed` fills it.
     """
-    return build_plan(layout, requests, min_slack=1, comm="async", name=name)
+    return build_plan(layout, requests, min_slack=1, comm="async", name=name, request_order=request_order,
+                      concurrency=concurrency)

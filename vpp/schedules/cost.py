@@ -57,21 +57,27 @@ class _Comm:
 
 @dataclass(frozen=True)
 class LinearCost(_Comm):
-    """``compute = w_s * (per_chunk + per_token * tokens + per_token_prefix * tokens * prefix)``.
+    """``compute = w_s * (per_chunk + per_token * tokens + per_token_prefix * tokens * prefix
+    + per_token_sq * tokens^2)``.
 
     The paper's Eq. 2, tau_k = (k + 1) t per stage for chunks of C tokens, is ``LinearCost.eq2(t, C)``:
-    per_token = t / C and per_token_prefix = t / C^2 give t + t k for chunk k (prefix k C)."""
+    per_token = t / C and per_token_prefix = t / C^2 give t + t k for chunk k (prefix k C).
+    ``per_token_sq`` (default 0) is attention within the chunk (causal: half of per_token_prefix), the
+    term that makes one forward of l fresh tokens quadratic in l, as DCPP's profilers assume; tau_k
+    stays linear in k."""
 
     per_chunk: float = 0.0
     per_token: float = 0.0
     per_token_prefix: float = 0.0
+    per_token_sq: float = 0.0
 
     @classmethod
     def eq2(cls, t: float, chunk_size: int, **kw) -> "LinearCost":
         return cls(per_token=t / chunk_size, per_token_prefix=t / chunk_size ** 2, **kw)
 
     def compute(self, stage: int, tokens: int, prefix: int) -> float:
-        return self.weight(stage) * (self.per_chunk + self.per_token * tokens + self.per_token_prefix * tokens * prefix)
+        return self.weight(stage) * (self.per_chunk + self.per_token * tokens + self.per_token_prefix * tokens * prefix
+                                     + self.per_token_sq * tokens * tokens)
 
 
 @dataclass(frozen=True)

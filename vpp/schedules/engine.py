@@ -14,6 +14,12 @@ Semantics (see :mod:`.ir`):
 
 Which send matches which receive is fixed by the plan, so whether a plan completes does not depend on
 durations: a run with zero durations decides deadlock for every timing.
+
+Gates (all semantics): the COMPUTE of stage 0 on chunk 0 of a request starts no earlier than the
+request's ``arrival`` and, with ``Plan.concurrency = K``, no earlier than the end of the last compute of
+the request K places before it; the rank is blocked until that compute has run (a gate that waits for
+a compute listed later on the same rank is a deadlock). Time spent held by a gate is recorded as a
+``wait`` span.
 """
 
 from __future__ import annotations
@@ -68,6 +74,21 @@ class Engine:
         self.avail: list[dict] = [{} for _ in range(n)]
         self.sent: list[list] = [[] for _ in range(n)]
         self.transfers = self._transfers()
+        self.arrival = {q.id: q.arrival for q in plan.requests}
+        self.last = {q.id: (plan.layout.last_stage, q.id, q.num_chunks - 1) for q in plan.requests}
+        K = plan.concurrency
+        self.gate_on = {q.id: plan.requests[i - K].id for i, q in enumerate(plan.requests) if K and i >= K}
+        self.finished_at: dict[int, float] = {}  # request id -> end of its last compute
+
+    def gate(self, request: int) -> float | None:
+        """Earliest start of the request's first compute (arrival, admission), None while unknown."""
+        ready = self.arrival[request]
+        prev = self.gate_on.get(request)
+        if prev is not None:
+            if prev not in self.finished_at:
+                return None
+            ready = max(ready, self.finished_at[prev])
+        return ready
 
     def _transfers(self) -> dict:
         sizes = {q.id: q.chunk_sizes for q in self.plan.requests}
@@ -126,6 +147,13 @@ class Engine:
             return self._finish(r)
         a, now = acts[self.ptr[r]], self.clock[r]
         if a.op == COMPUTE:
+            if a.stage == 0 and a.chunk == 0:
+                ready = self.gate(a.request)
+                if ready is None:
+                    return False
+                if ready > now:
+                    self._span(r, "wait", now, ready, a)
+                    now = ready
             if a.stage > 0:
                 ready = self.avail[r].get((a.stage - 1, a.request, a.chunk))
                 if callable(ready):
@@ -139,6 +167,8 @@ class Engine:
             end = now + self.compute_time(a.stage, a.request, a.chunk)
             self._span(r, "compute", now, end, a)
             self.clock[r] = end
+            if a.key == self.last[a.request]:
+                self.finished_at[a.request] = end
         elif a.op == HANDOFF:
             self.avail[r][a.key] = now
         elif self.semantics == "blocking":

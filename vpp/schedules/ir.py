@@ -25,11 +25,30 @@ Communication modes (``Plan.comm``), the semantics an executor must implement:
 
 In both modes, for every ordered rank pair (src, dst) the plan lists src's SENDs to dst and dst's RECVs
 from src in the same order (the verifier checks it), so point-to-point messages can be matched FIFO.
+
+Request streams. A plan may hold several requests; each has its own KV cache on every stage, so the
+caches of several requests coexist on a stage (a stage may free request q's cache once it has run q's
+last chunk, if nothing is decoded afterwards). Two gates hold back the COMPUTE of stage 0 on chunk 0 of
+a request (the moment the request enters the pipeline), and nothing else:
+
+* arrival   -- ``Request.arrival``, seconds from the stream start (the common time origin of all ranks,
+  e.g. a barrier): the compute may not start before it. The rank idles until then; that idle is
+  "waiting for work", not a bubble of the schedule (see :mod:`.summary`).
+* admission -- ``Plan.concurrency = K`` (None: unlimited): requests are admitted in the order of
+  ``Plan.requests``, and the i-th may enter only once the (i-K)-th has finished, i.e. the last stage
+  has run its last chunk. At most K requests are then in flight (the requests of one plan finish in
+  the order given, which every builder guarantees). Where stage 0 and the last stage share a rank (every
+  V, any P = 1) builders list that finishing compute earlier on the same rank, so the gate holds by
+  program order; on other layouts an executor needs a completion notice from the last stage's rank.
+
+The order in which a plan interleaves requests is the builder's choice (see :mod:`.builders` and
+:mod:`.packing`); the IR only requires what is listed above.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -116,15 +135,21 @@ def link_group(src: int, dst: int) -> int:
 @dataclass(frozen=True)
 class Request:
     """One prompt, cut into chunks. Chunk ``c`` covers tokens ``[offset(c), offset(c) + chunk_sizes[c])``
-    and attends to a prefix of ``offset(c)`` cached tokens."""
+    and attends to a prefix of ``offset(c)`` cached tokens. ``arrival``: seconds from the stream start
+    before which the request cannot enter the pipeline (see the module docstring)."""
 
     id: int
     chunk_sizes: tuple[int, ...]
+    arrival: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "chunk_sizes", tuple(int(n) for n in self.chunk_sizes))
+        object.__setattr__(self, "arrival", float(self.arrival))
         if self.id < 0:
             raise ValueError(f"request id {self.id} must be >= 0")
+        if not (self.arrival >= 0.0 and math.isfinite(self.arrival)):
+            raise ValueError(f"request {self.id}: arrival={self.arrival} must be a finite time >= 0 (seconds from "
+                             f"the stream start)")
         if not self.chunk_sizes or min(self.chunk_sizes) < 1:
             raise ValueError(f"request {self.id}: chunk sizes {list(self.chunk_sizes)} must be >= 1 tokens "
                              f"and at least one chunk")
@@ -144,36 +169,47 @@ class Request:
         return self.chunk_sizes[chunk]
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "chunk_sizes": list(self.chunk_sizes)}
+        d = {"id": self.id, "chunk_sizes": list(self.chunk_sizes)}
+        if self.arrival:
+            d["arrival"] = self.arrival
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Request":
-        return cls(d["id"], tuple(d["chunk_sizes"]))
+        return cls(d["id"], tuple(d["chunk_sizes"]), d.get("arrival", 0.0))
 
 
-def chunk_requests(lengths: Iterable[int], chunk_size: int, *, first_id: int = 0) -> list[Request]:
-    """Requests of the given prompt lengths cut into ``chunk_size`` chunks; the last chunk is ragged."""
+def chunk_requests(lengths: Iterable[int], chunk_size: int, *, first_id: int = 0,
+                   arrivals: Iterable[float] | None = None) -> list[Request]:
+    """Requests of the given prompt lengths cut into ``chunk_size`` chunks; the last chunk is ragged.
+    ``arrivals`` (one per prompt, default 0) become ``Request.arrival``."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+    lengths = list(lengths)
+    arrivals = [0.0] * len(lengths) if arrivals is None else [float(a) for a in arrivals]
+    if len(arrivals) != len(lengths):
+        raise ValueError(f"{len(arrivals)} arrival times for {len(lengths)} prompts")
     out = []
-    for i, n in enumerate(lengths):
+    for i, (n, at) in enumerate(zip(lengths, arrivals)):
         if n < 1:
             raise ValueError(f"request {first_id + i} has length {n}; prompts need at least one token")
         full, rest = divmod(n, chunk_size)
-        out.append(Request(first_id + i, (chunk_size,) * full + ((rest,) if rest else ())))
+        out.append(Request(first_id + i, (chunk_size,) * full + ((rest,) if rest else ()), at))
     return out
 
 
 @dataclass(frozen=True)
 class Plan:
     """Per-rank action lists (``actions[rank]``) for ``requests`` on ``layout``, with the communication
-    semantics ``comm`` ("blocking" or "async", see the module docstring)."""
+    semantics ``comm`` ("blocking" or "async") and the admission limit ``concurrency`` (None: unlimited),
+    see the module docstring."""
 
     name: str
     layout: Layout
     requests: tuple[Request, ...]
     actions: tuple[tuple[Action, ...], ...]
     comm: str = "blocking"
+    concurrency: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "requests", tuple(self.requests))
@@ -186,6 +222,16 @@ class Plan:
         ids = [r.id for r in self.requests]
         if len(set(ids)) != len(ids):
             raise ValueError(f"request ids {ids} are not unique")
+        if self.concurrency is not None and (int(self.concurrency) != self.concurrency or self.concurrency < 1):
+            raise ValueError(f"concurrency={self.concurrency} must be a whole number >= 1 (or None: unlimited)")
+
+    def admission_gate(self, request_id: int) -> Request | None:
+        """The request that must finish before ``request_id`` may enter (``concurrency`` places earlier
+        in ``requests``), or None."""
+        if self.concurrency is None:
+            return None
+        i = [q.id for q in self.requests].index(request_id)
+        return self.requests[i - self.concurrency] if i >= self.concurrency else None
 
     @property
     def num_ranks(self) -> int:
@@ -214,15 +260,19 @@ class Plan:
         return self.format_grid()
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "comm": self.comm, "layout": self.layout.to_dict(),
-                "requests": [r.to_dict() for r in self.requests],
-                "actions": [[str(a) for a in acts] for acts in self.actions]}
+        d = {"name": self.name, "comm": self.comm, "layout": self.layout.to_dict(),
+             "requests": [r.to_dict() for r in self.requests],
+             "actions": [[str(a) for a in acts] for acts in self.actions]}
+        if self.concurrency is not None:
+            d["concurrency"] = self.concurrency
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
         return cls(name=d["name"], comm=d["comm"], layout=Layout.from_dict(d["layout"]),
                    requests=tuple(Request.from_dict(r) for r in d["requests"]),
-                   actions=tuple(tuple(Action.parse(a) for a in acts) for acts in d["actions"]))
+                   actions=tuple(tuple(Action.parse(a) for a in acts) for acts in d["actions"]),
+                   concurrency=d.get("concurrency"))
 
     def to_json(self, **kw) -> str:
         return json.dumps(self.to_dict(), **kw)
@@ -234,6 +284,7 @@ class Plan:
 
 def replace_actions(plan: Plan, actions: Sequence[Sequence[Action]], **changes) -> Plan:
     """A copy of ``plan`` with other action lists (handy for tests and plan transformations)."""
-    fields = dict(name=plan.name, layout=plan.layout, requests=plan.requests, comm=plan.comm)
+    fields = dict(name=plan.name, layout=plan.layout, requests=plan.requests, comm=plan.comm,
+                  concurrency=plan.concurrency)
     fields.update(changes)
     return Plan(actions=tuple(tuple(a) for a in actions), **fields)

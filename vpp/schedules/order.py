@@ -9,6 +9,8 @@ supply its own key (or its own orders) and reuse both passes.
 
 Dependencies of task (s, q, c): (s-1, q, c), the previous stage's output, and (s, q, c-1), the KV cache
 of the same stage. A stage runs its tasks in key order, so a key must grow with the chunk index.
+``gates`` add one more dependency to a request's first task (stage 0, chunk 0): the last task of the
+request it waits for (the admission gate of ``Plan.concurrency``, :func:`admission_gates`).
 
 The default key is the task's slot in a periodic pipeline (:func:`slot_key`)::
 
@@ -35,7 +37,7 @@ the pipeline is full and the list schedule is exactly the slot order.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from .ir import Request
 from .layout import Layout
@@ -120,14 +122,33 @@ def rank_tasks(layout: Layout, requests: Sequence[Request], rank: int) -> list[T
     return [Task(s, q.id, c) for s in layout.stages_of(rank) for q in requests for c in range(q.num_chunks)]
 
 
-def dependencies(task: Task) -> Iterable[Task]:
+def dependencies(task: Task, gates: Mapping[Task, Task] | None = None) -> Iterable[Task]:
     if task.stage > 0:
         yield Task(task.stage - 1, task.request, task.chunk)
     if task.chunk > 0:
         yield Task(task.stage, task.request, task.chunk - 1)
+    if gates and task in gates:
+        yield gates[task]
 
 
-def list_schedule(layout: Layout, requests: Sequence[Request], key: Key
+def last_task(layout: Layout, request: Request) -> Task:
+    """The request's last compute: the last stage on its last chunk."""
+    return Task(layout.last_stage, request.id, request.num_chunks - 1)
+
+
+def admission_gates(layout: Layout, requests: Sequence[Request], concurrency: int | None) -> dict[Task, Task]:
+    """With at most ``concurrency`` requests in flight, request i's first task waits for the last task of
+    request i - concurrency (requests admitted in the order given)."""
+    if concurrency is None:
+        return {}
+    if concurrency < 1:
+        raise ValueError(f"concurrency={concurrency} must be >= 1 (or None: unlimited)")
+    return {Task(0, q.id, 0): last_task(layout, requests[i - concurrency])
+            for i, q in enumerate(requests) if i >= concurrency}
+
+
+def list_schedule(layout: Layout, requests: Sequence[Request], key: Key, *,
+                  gates: Mapping[Task, Task] | None = None
                   ) -> tuple[tuple[tuple[Task, ...], ...], dict[Task, int]]:
     """Per-rank compute orders and nominal start slots (see the module docstring)."""
     queues = [[deque(sorted((Task(s, q.id, c) for q in requests for c in range(q.num_chunks)), key=key))
@@ -146,7 +167,7 @@ def list_schedule(layout: Layout, requests: Sequence[Request], key: Key
                 if not dq:
                     continue
                 t = dq[0]
-                ready = max([keys[t][0]] + [end.get(d, 1 << 62) for d in dependencies(t)])
+                ready = max([keys[t][0]] + [end.get(d, 1 << 62) for d in dependencies(t, gates)])
                 if ready <= now and (best is None or keys[t] < keys[best[0]]):
                     best = (t, dq)
                 elif ready > now:
@@ -172,7 +193,8 @@ def orders_from_key(layout: Layout, requests: Sequence[Request], key: Key) -> tu
     return list_schedule(layout, requests, key)[0]
 
 
-def nominal_starts(layout: Layout, orders: Sequence[Sequence[Task]]) -> dict[Task, int]:
+def nominal_starts(layout: Layout, orders: Sequence[Sequence[Task]], *,
+                   gates: Mapping[Task, Task] | None = None) -> dict[Task, int]:
     """Start slot of every task when each takes one slot, ranks follow the given ``orders`` and start a
     task as soon as it is ready. Raises ValueError, naming each rank's blocked task, if the orders cannot
     run together."""
@@ -184,7 +206,7 @@ def nominal_starts(layout: Layout, orders: Sequence[Sequence[Task]]) -> dict[Tas
         for r, order in enumerate(orders):
             while ptr[r] < len(order):
                 task = order[ptr[r]]
-                deps = list(dependencies(task))
+                deps = list(dependencies(task, gates))
                 if any(d not in end for d in deps):
                     break
                 end[task] = clock[r] = max([clock[r]] + [end[d] for d in deps]) + 1

@@ -1,5 +1,5 @@
 """A PNG timeline like the paper's Figure 2: one row per rank, compute boxes labelled stage/chunk, bubbles
-hatched grey, exposed communication in black. Needs matplotlib (the "plot" extra), imported lazily."""
+hatched grey, exposed communication in black, waiting for work (no request in the system) white. Needs matplotlib (the "plot" extra), imported lazily."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ def plot_trace(trace: Trace, path, *, title: str | None = None, unit: str = "s",
                     ax.text(x + w / 2, y, text, ha="center", va="center", fontsize=7, clip_on=True)
             elif kind == "comm":
                 ax.barh(y, w, left=x, height=0.8, color=COMM_COLOR, edgecolor="none")
+            elif kind == "wait":
+                ax.barh(y, w, left=x, height=0.8, color="white", edgecolor="#bbbbbb", linewidth=0.5)
             else:
                 ax.barh(y, w, left=x, height=0.8, color=BUBBLE_COLOR, hatch="//", edgecolor="grey", linewidth=0)
     ax.set_yticks(range(trace.num_ranks), [f"pp{r}" for r in reversed(range(trace.num_ranks))])

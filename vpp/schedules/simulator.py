@@ -7,8 +7,10 @@ HANDOFF is free. Blocking plans rendezvous (both ranks are blocked from arrival 
 ends); async plans post and move on, with ``cost.overlap`` setting how much of each transfer hides.
 
 The trace has compute spans, blocked send/recv spans (zero-length recv spans where an async receive was
-posted), a ``transfer`` span on both ends of every transfer, and idle spans where a rank had finished
-before the makespan.
+posted), a ``transfer`` span on both ends of every transfer, ``wait`` spans where a request's first
+compute was held until its arrival or admission, and idle spans where a rank had finished before the
+makespan. Its time origin is the stream start (time 0, from which ``Request.arrival`` counts), and its
+meta lists the requests' arrivals (``[[id, arrival], ...]``) for :func:`.summary.summarize`.
 """
 
 from __future__ import annotations
@@ -41,5 +43,8 @@ def simulate(plan: Plan, cost: Cost, *, check: bool = True) -> Trace:
         if clock < end:
             spans.append(Span(r, "idle", clock, end))
     meta = {"source": "simulated", "plan": plan.name, "comm": plan.comm, "layout": plan.layout.describe(),
-            "requests": [list(q.chunk_sizes) for q in plan.requests], "cost": repr(cost)}
+            "requests": [list(q.chunk_sizes) for q in plan.requests], "cost": repr(cost),
+            "arrivals": [[q.id, q.arrival] for q in plan.requests]}
+    if plan.concurrency is not None:
+        meta["concurrency"] = plan.concurrency
     return Trace(plan.num_ranks, tuple(spans), meta)

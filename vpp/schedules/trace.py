@@ -7,10 +7,12 @@ A trace is a list of per-rank spans (times in seconds, any common origin):
   to / from ``peer``: a blocking call, the non-overlappable part of a non-blocking send, or a compute
   waiting for its non-blocking receive. A zero-length span marks when a non-blocking op was posted.
 * ``idle``     -- optional, informational: the rank had nothing to do.
+* ``wait``     -- optional, informational: the rank held the first compute of request ``request`` until
+  the request arrived or was admitted (see :mod:`.ir`).
 * ``transfer`` -- optional: the activation was in flight between the rank and ``peer`` (recorded on both
   ends; does not occupy the rank). Used for the total communication time and the overlap ratio.
 
-The summariser (:mod:`.summary`) does not trust ``idle`` spans: it counts everything that is neither
+The summariser (:mod:`.summary`) does not trust ``idle`` or ``wait`` spans: it counts everything that is neither
 compute nor exposed communication as bubble, and splits blocked spans between bubble (waiting for the
 peer to post the matching operation) and exposed communication, so an executor can just record
 "waited in recv from t0 to t1".
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-KINDS = ("compute", "send", "recv", "idle", "transfer")
+KINDS = ("compute", "send", "recv", "idle", "wait", "transfer")
 
 
 @dataclass(frozen=True)

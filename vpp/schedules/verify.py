@@ -8,7 +8,9 @@
 4. for each rank pair, the sender's SENDs and the receiver's RECVs list the transfers in the same order;
 5. it cannot deadlock under its communication semantics: blocking plans are run with rendezvous
    semantics (and non-blocking ones), async plans with non-blocking ones (see :mod:`.engine`); since
-   which send matches which receive is fixed, one run decides it for every timing.
+   which send matches which receive is fixed, one run decides it for every timing. The run includes
+   the admission gate of ``Plan.concurrency`` (a request held until one listed later on the same rank
+   finishes is a deadlock).
 
 A broken plan raises :class:`PlanError` with the rank x step grid and the offending cells marked.
 """
@@ -163,6 +165,10 @@ def _check_progress(plan: Plan, semantics: str) -> None:
             else:
                 a = acts[i]
                 what = f"waits in {a}" if a.is_comm else f"waits for the input of {a}"
+                gate = plan.admission_gate(a.request) if a.op == COMPUTE and a.stage == 0 and a.chunk == 0 else None
+                if gate is not None:
+                    what = (f"holds {a} until request {gate.id} has finished (concurrency {plan.concurrency}), "
+                            f"which never happens")
                 if a.is_comm:
                     j = e.blocked.get(a.peer, len(plan.actions[a.peer]))
                     other = plan.actions[a.peer][j] if j < len(plan.actions[a.peer]) else "the end of its list"
