@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .arch import Arch
-from .configs import get_config
+from .configs import canonical_name, get_config
 from .device import ASCEND_910C, Device
 from .fit import Fit, fit_cpp
 from .ops import Parallel
@@ -19,6 +19,7 @@ MODELS = tuple(WEIGHT_BYTES)
 
 
 def paper_setup(model: str, device: Device = ASCEND_910C, *, tp: int = 8, pp: int = 2) -> Setup:
+    model = canonical_name(model)
     cfg = get_config(model)
     return Setup(Arch.from_config(cfg, name=model), device, Parallel(tp=tp, weight_bytes=WEIGHT_BYTES.get(model, 2)), pp)
 
