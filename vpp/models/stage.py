@@ -1,0 +1,102 @@
+"""A pipeline stage: a contiguous range of decoder layers, plus the embedding on the stage that
+holds layer 0 and the final norm and LM head on the stage that holds the last layer.
+
+The contract the pipeline executor relies on (it knows nothing else about models)::
+
+    stage(x, request, offset, *, last_token_only=False) -> Tensor
+
+``x`` is a LongTensor [c] of token ids on the first stage, else hidden states [c, hidden]. Returns
+hidden states [c, hidden], or logits [c, vocab] on the last stage ([1, vocab] with
+``last_token_only``). ``offset`` is the number of this request's tokens already processed and must
+equal :meth:`Stage.cache_length`. One request per call, no batch dim; several requests may be in
+flight at once, each with its own caches, until :meth:`Stage.release` frees them.
+
+Parameter names keep the checkpoint's global layer indices (``model.layers.7.self_attn.q_proj.weight``
+on the stage holding layer 7), so they match the Hugging Face checkpoint names.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable
+
+import torch
+from torch import nn
+
+from vpp.parallel.attention import Chunk, RotaryEmbedding
+from vpp.parallel.basic import RMSNorm
+from vpp.parallel.groups import ParallelGroups
+from vpp.parallel.layers import ParallelLMHead, VocabParallelEmbedding
+
+
+class Stage(nn.Module):
+    def __init__(self, layers: dict[int, nn.Module], *, num_layers: int, hidden_size: int, vocab_size: int,
+                 rope: RotaryEmbedding, eps: float, groups: ParallelGroups, dtype: torch.dtype, device=None,
+                 config: dict | None = None):
+        super().__init__()
+        self.config = config or {}  # the model's config.json (with defaults filled in)
+        indices = sorted(layers)
+        if indices != list(range(indices[0], indices[-1] + 1)):
+            raise ValueError(f"a stage holds a contiguous layer range, got layers {indices}")
+        self.layer_range = (indices[0], indices[-1] + 1)
+        self.is_first, self.is_last = indices[0] == 0, indices[-1] == num_layers - 1
+        self.hidden_size, self.vocab_size, self.dtype = hidden_size, vocab_size, dtype
+        self.rope = rope
+        self.model = nn.Module()
+        kw = dict(dtype=dtype, device=device)
+        if self.is_first:
+            self.model.embed_tokens = VocabParallelEmbedding(vocab_size, hidden_size, groups.tp, **kw)
+        self.model.layers = nn.ModuleDict({str(i): layers[i] for i in indices})
+        if self.is_last:
+            self.model.norm = RMSNorm(hidden_size, eps, **kw)
+            self.lm_head = ParallelLMHead(hidden_size, vocab_size, groups.tp, **kw)
+
+    @torch.inference_mode()
+    def forward(self, x: torch.Tensor, request: Hashable, offset: int, *,
+                last_token_only: bool = False) -> torch.Tensor:
+        have = self.cache_length(request)
+        if offset != have:
+            raise ValueError(f"stage {self.layer_range}: request {request!r} chunk at offset {offset}, "
+                             f"but this stage has cached {have} of its tokens")
+        h = self._embed(x)
+        positions = torch.arange(offset, offset + h.shape[0], device=h.device)
+        cos, sin = self.rope(positions, h.dtype)
+        chunk = Chunk(request, offset, cos, sin)
+        for layer in self.model.layers.values():
+            h = layer(h, chunk)
+        if not self.is_last:
+            return h
+        if last_token_only:
+            h = h[-1:]
+        return self.lm_head(self.model.norm(h))
+
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        if self.is_first:
+            if x.dtype != torch.long or x.dim() != 1:
+                raise ValueError(f"the first stage takes token ids [c] (int64), got {x.dtype} {tuple(x.shape)}")
+            return self.model.embed_tokens(x)
+        if x.dim() != 2 or x.shape[1] != self.hidden_size:
+            raise ValueError(f"stage {self.layer_range} takes hidden states [c, {self.hidden_size}], "
+                             f"got {tuple(x.shape)}")
+        return x.to(self.dtype)
+
+    def _caches(self):
+        return [layer.self_attn.cache for layer in self.model.layers.values()]
+
+    def cache_length(self, request: Hashable) -> int:
+        """Tokens of ``request`` this stage has processed (0 for a request it has not seen)."""
+        return self._caches()[0].length(request)
+
+    def requests(self) -> list[Hashable]:
+        """Requests with caches on this stage."""
+        return self._caches()[0].requests()
+
+    def release(self, request: Hashable) -> None:
+        """Free every cache ``request`` holds on this stage (a no-op for an unknown request)."""
+        for cache in self._caches():
+            cache.release(request)
+
+    def cache_nbytes(self, request: Hashable) -> int:
+        return sum(cache.nbytes(request) for cache in self._caches())
+
+    def extra_repr(self) -> str:
+        return f"layers=[{self.layer_range[0]}, {self.layer_range[1]}), first={self.is_first}, last={self.is_last}"

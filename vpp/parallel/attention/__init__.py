@@ -1,0 +1,12 @@
+"""Tensor-parallel attention for chunked prefill: GQA (Qwen3), MLA (DeepSeek-V3) and DSA
+(DeepSeek-V3.2, GLM-5), with per-request caches and one place that picks the kernel."""
+
+from vpp.parallel.attention.cache import GrowingBuffer, RequestCache
+from vpp.parallel.attention.chunk import Chunk
+from vpp.parallel.attention.dsa import DSASpec, Indexer, sparse_latent_attention
+from vpp.parallel.attention.gqa import GQAttention, KVHeadLinear, kv_head_shard
+from vpp.parallel.attention.kernel import causal_attention, kernel_for
+from vpp.parallel.attention.mla import MLAttention, MLASpec
+from vpp.parallel.attention.rope import RopeSpec, RotaryEmbedding, apply_rope, apply_rope_interleaved
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,80 @@
+"""Grouped-query attention with per-head q/k RMSNorm and RoPE (Qwen3), sharded by heads over TP."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vpp.parallel.attention.cache import RequestCache
+from vpp.parallel.attention.chunk import Chunk
+from vpp.parallel.attention.kernel import causal_attention
+from vpp.parallel.attention.rope import apply_rope
+from vpp.parallel.basic import RMSNorm
+from vpp.parallel.groups import Group
+from vpp.parallel.layers import ColumnParallelLinear, RowParallelLinear
+from vpp.parallel.sharding import Shard
+
+
+def kv_head_shard(num_kv_heads: int, group: Group) -> Shard:
+    """Which KV heads a TP rank holds: an equal share when the TP size divides the KV heads; one
+    head, replicated on tp / kv consecutive ranks, when the KV heads divide the TP size."""
+    tp = group.size
+    if num_kv_heads % tp and tp % num_kv_heads:
+        raise ValueError(f"tp={tp} is neither a divisor nor a multiple of num_key_value_heads={num_kv_heads}")
+    parts = min(num_kv_heads, tp)
+    return Shard(0, group.rank * parts // tp, parts)
+
+
+class KVHeadLinear(nn.Module):
+    """Y = X A with A's columns grouped by KV head; this rank holds the heads :func:`kv_head_shard`
+    names (no communication: the outputs stay per-rank, as in a column-parallel layer)."""
+
+    def __init__(self, in_features: int, num_kv_heads: int, head_dim: int, group: Group, *,
+                 bias: bool = False, dtype=None, device=None):
+        super().__init__()
+        spec = kv_head_shard(num_kv_heads, group)
+        self.local_heads = num_kv_heads // spec.parts
+        out = self.local_heads * head_dim
+        self.weight = nn.Parameter(torch.empty(out, in_features, dtype=dtype, device=device), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out, dtype=dtype, device=device), requires_grad=False) if bias else None
+        self.shard_specs = {"weight": spec, "bias": spec}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+class GQAttention(nn.Module):
+    """softmax(q k^T / sqrt(d)) v over heads split across the TP group: rank i holds query heads
+    [i H/p, (i+1) H/p) and their KV heads; o_proj (row-parallel) all-reduces the output, so input
+    and output are replicated over TP. Caches post-RoPE K and V per request: [kv_heads, tokens, d].
+    Parameter names follow Hugging Face (q_proj, k_proj, v_proj, o_proj, q_norm, k_norm)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, group: Group, *,
+                 eps: float = 1e-6, qk_norm: bool = True, bias: bool = False, dtype=None, device=None):
+        super().__init__()
+        if num_heads % group.size:
+            raise ValueError(f"num_attention_heads={num_heads} is not divisible by tp={group.size}")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_key_value_heads={num_kv_heads} does not divide num_attention_heads={num_heads}")
+        self.head_dim, self.scale = head_dim, head_dim ** -0.5
+        self.local_heads = num_heads // group.size
+        kw = dict(dtype=dtype, device=device)
+        self.q_proj = ColumnParallelLinear(hidden_size, num_heads * head_dim, group, bias=bias, **kw)
+        self.k_proj = KVHeadLinear(hidden_size, num_kv_heads, head_dim, group, bias=bias, **kw)
+        self.v_proj = KVHeadLinear(hidden_size, num_kv_heads, head_dim, group, bias=bias, **kw)
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, group, bias=bias, **kw)
+        self.q_norm = RMSNorm(head_dim, eps, **kw) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps, **kw) if qk_norm else None
+        self.cache = RequestCache("GQAttention", {"k": 1, "v": 1})
+
+    def forward(self, x: torch.Tensor, chunk: Chunk) -> torch.Tensor:
+        c, d = x.shape[0], self.head_dim
+        q = self.q_proj(x).view(c, -1, d)
+        k = self.k_proj(x).view(c, -1, d)
+        v = self.v_proj(x).view(c, -1, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, chunk.cos, chunk.sin), apply_rope(k, chunk.cos, chunk.sin)
+        kv = self.cache.append(chunk.request, chunk.offset, k=k.transpose(0, 1), v=v.transpose(0, 1))
+        out = causal_attention(q.transpose(0, 1), kv["k"], kv["v"], self.scale)  # [heads, c, d]
+        return self.o_proj(out.transpose(0, 1).reshape(c, self.local_heads * d))

@@ -1,0 +1,127 @@
+"""Multi-head latent attention (DeepSeek-V3), optionally with DeepSeek Sparse Attention (V3.2, GLM-5).
+
+Heads are split over the TP group: q_b_proj (or q_proj), kv_b_proj are column-parallel by head,
+o_proj is row-parallel (one all-reduce); the low-rank down-projections, their norms and the DSA
+indexer are replicated. Input and output are replicated over TP.
+
+Cache: the *compressed* latent, [tokens, kv_lora_rank + qk_rope_head_dim] per request (the normed
+c_kv and the rotated shared rope key), plus the indexer keys under DSA -- 576 numbers per token for
+DeepSeek-V3 instead of 2 x 128 heads x 192. It is replicated on the TP ranks (each computes it).
+A dense chunk up-projects the whole cached latent with kv_b_proj (this rank's heads) and runs the
+attention kernel on per-head K/V: O(prefix) extra work per chunk, linear like the attention
+itself. A sparse DSA chunk (prefix longer than index_topk) never expands: its queries are absorbed
+into the latent space (q_nope W_UK) and attend over their gathered top-k latent rows; the output is
+up-projected with W_UV -- O(chunk x index_topk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vpp.parallel.attention.cache import RequestCache
+from vpp.parallel.attention.chunk import Chunk
+from vpp.parallel.attention.dsa import DSASpec, Indexer, sparse_latent_attention
+from vpp.parallel.attention.kernel import causal_attention
+from vpp.parallel.attention.rope import apply_rope, apply_rope_interleaved
+from vpp.parallel.basic import RMSNorm, linear
+from vpp.parallel.groups import Group
+from vpp.parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    hidden_size: int
+    num_heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    softmax_scale: float  # qk_head_dim^-0.5, times YaRN's mscale^2 where the config asks for it
+    rope_interleave: bool = True
+    bias: bool = False
+
+
+class MLAttention(nn.Module):
+    """MLA over this rank's heads; with ``dsa`` each query attends to its top-k keys only."""
+
+    def __init__(self, spec: MLASpec, group: Group, *, dsa: DSASpec | None = None, dtype=None, device=None):
+        super().__init__()
+        if spec.num_heads % group.size:
+            raise ValueError(f"num_attention_heads={spec.num_heads} is not divisible by tp={group.size}")
+        if dsa is not None and spec.q_lora_rank is None:
+            raise ValueError("DSA needs q_lora_rank (the indexer reads the compressed query)")
+        self.spec, self.dsa = spec, dsa
+        self.local_heads = spec.num_heads // group.size
+        qk_dim = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        kw = dict(dtype=dtype, device=device)
+        if spec.q_lora_rank is None:
+            self.q_proj = ColumnParallelLinear(spec.hidden_size, spec.num_heads * qk_dim, group, **kw)
+        else:
+            self.q_a_proj = linear(spec.hidden_size, spec.q_lora_rank, bias=spec.bias, **kw)
+            self.q_a_layernorm = RMSNorm(spec.q_lora_rank, **kw)
+            self.q_b_proj = ColumnParallelLinear(spec.q_lora_rank, spec.num_heads * qk_dim, group, **kw)
+        self.kv_a_proj_with_mqa = linear(spec.hidden_size, spec.kv_lora_rank + spec.qk_rope_head_dim,
+                                         bias=spec.bias, **kw)
+        self.kv_a_layernorm = RMSNorm(spec.kv_lora_rank, **kw)
+        self.kv_b_proj = ColumnParallelLinear(
+            spec.kv_lora_rank, spec.num_heads * (spec.qk_nope_head_dim + spec.v_head_dim), group, **kw)
+        self.o_proj = RowParallelLinear(spec.num_heads * spec.v_head_dim, spec.hidden_size, group,
+                                        bias=spec.bias, **kw)
+        self.indexer = None
+        if dsa is not None and not dsa.shared:
+            self.indexer = Indexer(dsa, spec.hidden_size, spec.q_lora_rank, spec.qk_rope_head_dim, **kw)
+        self._rope = apply_rope_interleaved if spec.rope_interleave else apply_rope
+        layout = {"latent": 0, "index_k": 0} if self.indexer is not None else {"latent": 0}
+        self.cache = RequestCache("MLAttention", layout)
+
+    def forward(self, x: torch.Tensor, chunk: Chunk) -> torch.Tensor:
+        s, c = self.spec, x.shape[0]
+        q_resid = None
+        if s.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q_resid = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(q_resid)
+        q_nope, q_rope = q.view(c, self.local_heads, -1).split([s.qk_nope_head_dim, s.qk_rope_head_dim], -1)
+        q_rope = self._rope(q_rope, chunk.cos, chunk.sin)
+        latent, k_rope = self.kv_a_proj_with_mqa(x).split([s.kv_lora_rank, s.qk_rope_head_dim], -1)
+        k_rope = self._rope(k_rope[:, None, :], chunk.cos, chunk.sin)[:, 0]
+        parts = {"latent": torch.cat((self.kv_a_layernorm(latent), k_rope), dim=-1)}
+        if self.indexer is not None:
+            parts["index_k"] = self.indexer.keys(x, chunk.cos, chunk.sin)
+        cached = self.cache.append(chunk.request, chunk.offset, **parts)
+        total = chunk.offset + c
+        if self.dsa is None or total <= self.dsa.index_topk:  # every causal key is selected: dense
+            out = self._dense(q_nope, q_rope, cached["latent"])
+        else:
+            if self.indexer is not None:
+                chunk.topk = self.indexer.select(x, q_resid, cached["index_k"], chunk.offset, chunk.cos, chunk.sin)
+            elif chunk.topk is None:
+                raise RuntimeError("a shared-indexer DSA layer ran before any full-indexer layer of its chunk")
+            out = self._sparse(q_nope, q_rope, cached["latent"], chunk.topk)
+        return self.o_proj(out.reshape(c, self.local_heads * s.v_head_dim))
+
+    def _dense(self, q_nope, q_rope, latent) -> torch.Tensor:
+        """Expand the cached latent to per-head K/V and run the causal kernel. Returns [c, heads, v]."""
+        s, total = self.spec, latent.shape[0]
+        kv = self.kv_b_proj(latent[:, : s.kv_lora_rank]).view(total, self.local_heads, -1)
+        k_nope, v = kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=-1)
+        k_rope = latent[:, None, s.kv_lora_rank:].expand(total, self.local_heads, s.qk_rope_head_dim)
+        k = torch.cat((k_nope, k_rope), dim=-1)
+        q = torch.cat((q_nope, q_rope), dim=-1)
+        out = causal_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), s.softmax_scale)
+        return out.transpose(0, 1)
+
+    def _sparse(self, q_nope, q_rope, latent, topk) -> torch.Tensor:
+        """Weight-absorbed attention over each query's gathered top-k latent rows. Returns [c, heads, v]."""
+        s = self.spec
+        w = self.kv_b_proj.weight.view(self.local_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank)
+        w_uk, w_uv = w[:, : s.qk_nope_head_dim], w[:, s.qk_nope_head_dim:]
+        q_latent = (q_nope.transpose(0, 1) @ w_uk).transpose(0, 1)  # [c, heads, kv_lora_rank]
+        q = torch.cat((q_latent, q_rope), dim=-1)
+        out = sparse_latent_attention(q, latent, topk, s.kv_lora_rank, s.softmax_scale)  # [c, heads, r]
+        return (out.transpose(0, 1) @ w_uv.transpose(1, 2)).transpose(0, 1)

@@ -1,0 +1,34 @@
+"""Replicated building blocks: RMSNorm and an uninitialised ``nn.Linear`` (weights come from a
+checkpoint, so the random init that ``nn.Linear`` would run is skipped)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * w, computed in fp32 and cast back (as Hugging Face does)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, *, dtype: torch.dtype | None = None, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def linear(in_features: int, out_features: int, *, bias: bool = False,
+           dtype: torch.dtype | None = None, device=None) -> nn.Linear:
+    """A replicated ``nn.Linear`` whose parameters are allocated but not initialised."""
+    if device is None:  # skip_init would leave the parameters on the meta device
+        device = torch.get_default_device()
+    layer = nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype, device=device)
+    layer.requires_grad_(False)
+    return layer

@@ -1,0 +1,65 @@
+"""The dense SwiGLU MLP, tensor-parallel: dense layers of MoE models and the MoE shared expert."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from vpp.parallel.groups import Group
+from vpp.parallel.layers import ColumnParallelLinear, RowParallelLinear
+from vpp.parallel.moe_config import ACTIVATIONS
+from vpp.parallel.sharding import load_param
+
+GetTensor = Callable[[str], torch.Tensor]
+
+
+class DenseMLP(nn.Module):
+    """Y = (act(X G^T) * (X U^T)) D^T, with G and U split along their rows (intermediate dim) over the
+    group (column parallel) and D along its columns (row parallel): rank i computes
+    (act(X G_i^T) * (X U_i^T)) D_i^T, and the partial results are summed.
+
+    With ``reduce_output=False`` the caller sums the partials (the MoE folds them into its own
+    reduction). Parameter names match the checkpoint's (``gate_proj.weight``, ``up_proj.weight``,
+    ``down_proj.weight``).
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, group: Group, *, hidden_act: str = "silu",
+                 reduce_output: bool = True, dtype: torch.dtype | None = None, device=None):
+        super().__init__()
+        if hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act={hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+        self.act = ACTIVATIONS[hidden_act]
+        self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, group, dtype=dtype, device=device)
+        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, group, dtype=dtype, device=device)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, group, input_is_parallel=True,
+                                           reduce_output=reduce_output, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+    def checkpoint_names(self, prefix: str = "") -> list[str]:
+        return [f"{prefix}{name}" for name, _ in self.named_parameters()]
+
+    @torch.no_grad()
+    def load_checkpoint(self, get_tensor: GetTensor, prefix: str = "") -> None:
+        """Load from unsharded tensors ``get_tensor(prefix + "gate_proj.weight")`` etc., each narrowed
+        to this rank's shard. Missing tensors raise a KeyError that names them all."""
+        full = read_tensors(get_tensor, self.checkpoint_names(prefix), f"DenseMLP at {prefix!r}")
+        for name, _ in self.named_parameters():
+            load_param(self, name, full[prefix + name])
+
+
+def read_tensors(get_tensor: GetTensor, names: list[str], what: str) -> dict[str, torch.Tensor]:
+    """``{name: get_tensor(name)}``; a KeyError naming every missing tensor when any is missing."""
+    found, missing = {}, []
+    for name in names:
+        try:
+            found[name] = get_tensor(name)
+        except KeyError:
+            missing.append(name)
+    if missing:
+        shown = ", ".join(missing[:6]) + (f", ... ({len(missing) - 6} more)" if len(missing) > 6 else "")
+        raise KeyError(f"{what}: checkpoint is missing {len(missing)} of {len(names)} tensors: {shown}")
+    return found

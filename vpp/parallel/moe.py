@@ -1,0 +1,257 @@
+"""Mixture of experts with expert parallelism inside a stage's tensor-parallel group.
+
+Y = sum_{e in topk(x)} w_e(x) E_e(x) + S(x): routed SwiGLU experts E_e chosen per token by the
+:class:`~vpp.parallel.router.Router`, plus an optional always-on shared expert S.
+
+Where the weights live. The E experts are split over the ``ep`` axis (EP rank r owns experts
+[r E/ep, (r+1) E/ep)), and each expert's intermediate dim over the ``etp`` axis (tp = ep x etp;
+ep = 1 shards every expert over the whole TP group). The router weight is replicated.
+
+Dispatch (``dispatch=``). The input x [T, H] is replicated over the TP group (it follows
+attention's all-reduce), and so is the output.
+
+* ``"allreduce"``: every rank routes all T tokens, runs its local experts (its etp shard of them) on
+  the tokens routed there, adds its TP shard of the shared expert, and ONE all-reduce over the TP
+  group sums everything. No token moves: each rank already holds them all.
+* ``"alltoall"``: EP rank r routes only its 1/ep slice of the tokens (ragged when ep does not divide
+  T), sends a copy of each (token, expert) pair to the expert's owner (per-expert counts are
+  exchanged first), the owners compute and send results back, r combines them with the routing
+  weights and adds the shared expert (sharded over etp like the routed ones, on r's slice), the
+  slice is reduced over etp and all-gathered over ep.
+
+Which is cheaper. Measured by ``benchmarks/moe_dispatch.py`` (2 gloo ranks, one thread each, tp=ep=2;
+table in ``benchmarks/results/moe_dispatch.md``): "allreduce" is as fast or faster at every token
+count, because the tokens are already replicated, so the all-to-all dispatch re-sends rows that the
+receiver holds, adds a count exchange (a host synchronisation) and two more collectives, and both
+modes do the same expert FLOPs. At TP8 on NVLink/HCCS "allreduce" is also the expected winner for
+prefill: per rank it moves ~2 x 7/8 of T x H, while "alltoall" moves ~2 x 7/8 x T k/8 x H in the two
+all-to-alls plus 7/8 of T x H in the all-gather (more for any k >= 2), and all-reduce is the
+collective those fabrics accelerate best. "alltoall" pays off when the input is not replicated
+(data-parallel attention, sequence parallelism) or the EP group crosses nodes.
+
+Loading. Unsharded Hugging Face checkpoints store experts one by one (``experts.{e}.gate_proj.weight``,
+``.up_proj.weight``, ``.down_proj.weight``), the router as ``gate.weight`` (+ ``gate.e_score_correction_bias``)
+and the shared expert as ``shared_experts.{gate,up,down}_proj.weight``; :meth:`MoE.load_checkpoint`
+reads only this rank's experts and narrows them to its etp shard.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from vpp.parallel.comm import all_to_all, gather_from_tp, reduce_from_tp
+from vpp.parallel.groups import ParallelGroups
+from vpp.parallel.mlp import DenseMLP, GetTensor, read_tensors
+from vpp.parallel.moe_config import ACTIVATIONS, MoEConfig, is_moe_layer
+from vpp.parallel.router import Router
+from vpp.parallel.sharding import Shard
+
+DISPATCH = ("allreduce", "alltoall")
+
+
+class GroupedExperts(nn.Module):
+    """This rank's experts as stacked weights: ``gate_up_proj`` [E_local, 2 I/etp, H] (this etp shard
+    of G_e stacked on that of U_e) and ``down_proj`` [E_local, H, I/etp] (the matching columns of D_e).
+
+    ``forward(x, counts)`` takes rows already grouped by local expert (``counts[e]`` rows for expert
+    e, in order) and returns each row's (partial, over etp) expert output, in the same order.
+    """
+
+    def __init__(self, num_local: int, hidden_size: int, local_intermediate: int, hidden_act: str, *,
+                 dtype: torch.dtype | None = None, device=None):
+        super().__init__()
+        self.num_local, self.local_intermediate = num_local, local_intermediate
+        self.act = ACTIVATIONS[hidden_act]
+        self.gate_up_proj = nn.Parameter(torch.empty(num_local, 2 * local_intermediate, hidden_size,
+                                                     dtype=dtype, device=device), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_local, hidden_size, local_intermediate,
+                                                  dtype=dtype, device=device), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        out = torch.empty_like(x)
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            rows = x[start:start + n]
+            gate, up = torch.nn.functional.linear(rows, self.gate_up_proj[e]).chunk(2, dim=-1)
+            out[start:start + n] = torch.nn.functional.linear(self.act(gate) * up, self.down_proj[e])
+            start += n
+        return out
+
+    def extra_repr(self) -> str:
+        return f"local_experts={self.num_local}, intermediate_shard={self.local_intermediate}"
+
+
+class MoE(nn.Module):
+    """Routed experts over ``groups.ep`` x ``groups.etp`` plus an optional shared expert; see the
+    module docstring for the two ``dispatch`` modes. ``forward(x [T, H]) -> [T, H]``, input and output
+    replicated over the TP group."""
+
+    def __init__(self, cfg: MoEConfig, groups: ParallelGroups, *, dispatch: str = "allreduce",
+                 dtype: torch.dtype | None = None, device=None):
+        super().__init__()
+        if dispatch not in DISPATCH:
+            raise ValueError(f"dispatch={dispatch!r} is not one of {DISPATCH}")
+        ep, etp = groups.ep.size, groups.etp.size
+        if cfg.num_experts % ep:
+            raise ValueError(f"num_experts={cfg.num_experts} is not divisible by ep={ep}")
+        if cfg.moe_intermediate_size % etp:
+            raise ValueError(f"moe_intermediate_size={cfg.moe_intermediate_size} is not divisible by etp={etp}")
+        self.cfg, self.groups, self.dispatch = cfg, groups, dispatch
+        self.num_local = cfg.num_experts // ep
+        self.first_expert = groups.ep.rank * self.num_local
+        self.gate = Router(cfg, dtype=dtype, device=device)
+        self.experts = GroupedExperts(self.num_local, cfg.hidden_size, cfg.moe_intermediate_size // etp,
+                                      cfg.hidden_act, dtype=dtype, device=device)
+        self.shared_experts = None
+        if cfg.shared_intermediate_size:
+            # allreduce: sharded over the TP group like any MLP; alltoall: over etp, on this rank's slice
+            shared_group = groups.tp if dispatch == "allreduce" else groups.etp
+            self.shared_experts = DenseMLP(cfg.hidden_size, cfg.shared_intermediate_size, shared_group,
+                                           hidden_act=cfg.hidden_act, reduce_output=False, dtype=dtype, device=device)
+
+    # --- forward ---------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:  # T is the same on every TP rank, so all skip the collectives together
+            return torch.zeros_like(x)
+        if self.dispatch == "allreduce":
+            return self._forward_allreduce(x)
+        return self._forward_alltoall(x)
+
+    def _forward_allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        local = ids - self.first_expert
+        pairs = ((local >= 0) & (local < self.num_local)).flatten().nonzero().squeeze(1)
+        expert = local.flatten()[pairs]
+        order = torch.argsort(expert, stable=True)
+        pairs, expert = pairs[order], expert[order]
+        counts = torch.bincount(expert, minlength=self.num_local).tolist()
+        tokens = pairs // self.cfg.top_k
+        y = self.experts(x[tokens], counts) * weights.flatten()[pairs].unsqueeze(1)
+        out = torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
+        if self.shared_experts is not None:
+            out += self.shared_experts(x)
+        return reduce_from_tp(out, self.groups.tp)
+
+    def _forward_alltoall(self, x: torch.Tensor) -> torch.Tensor:
+        ep, k = self.groups.ep, self.cfg.top_k
+        sizes = token_split(x.shape[0], ep.size)
+        start = sum(sizes[:ep.rank])
+        mine = x[start:start + sizes[ep.rank]]
+        weights, ids = self.gate(mine)
+        # (token, expert) pairs sorted by expert: grouped by owner, then by the owner's local expert
+        order = torch.argsort(ids.flatten(), stable=True)
+        tokens = order // k
+        sent = torch.bincount(ids.flatten(), minlength=self.cfg.num_experts).view(ep.size, self.num_local)
+        received = all_to_all(sent, ep, [1] * ep.size, [1] * ep.size)  # [source, local expert]
+        send_splits, recv_splits = sent.sum(1).tolist(), received.sum(1).tolist()
+        rows = all_to_all(mine[tokens], ep, send_splits, recv_splits)
+        y = self._run_received(rows, received)
+        y = all_to_all(y, ep, recv_splits, send_splits) * weights.flatten()[order].unsqueeze(1)
+        out = torch.zeros_like(mine).index_add_(0, tokens, y.to(x.dtype))
+        if self.shared_experts is not None:
+            out += self.shared_experts(mine)
+        out = reduce_from_tp(out, self.groups.etp)
+        return gather_rows(out, sizes, ep)
+
+    def _run_received(self, rows: torch.Tensor, received: torch.Tensor) -> torch.Tensor:
+        """Rows arrive grouped by source, then by local expert (``received[source, e]`` of each);
+        regroup them by expert, run the experts, and put the results back in arrival order."""
+        expert = torch.arange(self.num_local, device=rows.device).repeat(received.shape[0])
+        expert = torch.repeat_interleave(expert, received.flatten())
+        order = torch.argsort(expert, stable=True)
+        y = torch.empty_like(rows)
+        y[order] = self.experts(rows[order], received.sum(0).tolist())
+        return y
+
+    # --- loading ---------------------------------------------------------------------------------
+    def local_experts(self) -> range:
+        """Global ids of the experts this rank holds."""
+        return range(self.first_expert, self.first_expert + self.num_local)
+
+    def checkpoint_names(self, prefix: str = "") -> list[str]:
+        """Every checkpoint tensor this rank reads (names as in the unsharded HF checkpoint)."""
+        names = [f"{prefix}gate.weight"]
+        if self.cfg.correction_bias:
+            names.append(f"{prefix}gate.e_score_correction_bias")
+        for e in self.local_experts():
+            names += [f"{prefix}experts.{e}.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")]
+        if self.shared_experts is not None:
+            names += self.shared_experts.checkpoint_names(f"{prefix}shared_experts.")
+        return names
+
+    @torch.no_grad()
+    def load_checkpoint(self, get_tensor: GetTensor, prefix: str = "") -> None:
+        """Load this rank's router, experts (narrowed to its etp shard) and shared-expert shard from
+        unsharded tensors ``get_tensor(prefix + name)``. Only this rank's experts are read; missing
+        tensors raise a KeyError naming them all."""
+        full = read_tensors(get_tensor, self.checkpoint_names(prefix), f"MoE at {prefix!r}")
+        cfg = self.cfg
+        _copy(self.gate.weight, full[f"{prefix}gate.weight"], (cfg.num_experts, cfg.hidden_size), f"{prefix}gate.weight")
+        if cfg.correction_bias:
+            name = f"{prefix}gate.e_score_correction_bias"
+            _copy(self.gate.e_score_correction_bias, full[name], (cfg.num_experts,), name)
+        rows, cols = Shard(0, self.groups.etp.rank, self.groups.etp.size), Shard(1, self.groups.etp.rank, self.groups.etp.size)
+        expected = {"gate_proj": (cfg.moe_intermediate_size, cfg.hidden_size),
+                    "up_proj": (cfg.moe_intermediate_size, cfg.hidden_size),
+                    "down_proj": (cfg.hidden_size, cfg.moe_intermediate_size)}
+        for i, e in enumerate(self.local_experts()):
+            w = {}
+            for proj, shape in expected.items():
+                name = f"{prefix}experts.{e}.{proj}.weight"
+                if tuple(full[name].shape) != shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(full[name].shape)}, expected {shape}")
+                w[proj] = full[name]
+            self.experts.gate_up_proj[i].copy_(torch.cat([rows.narrow(w["gate_proj"]), rows.narrow(w["up_proj"])]))
+            self.experts.down_proj[i].copy_(cols.narrow(w["down_proj"]))
+        if self.shared_experts is not None:
+            self.shared_experts.load_checkpoint(full.__getitem__, f"{prefix}shared_experts.")
+
+    def extra_repr(self) -> str:
+        g = self.groups
+        first, end = self.first_expert, self.first_expert + self.num_local
+        return (f"dispatch={self.dispatch}, experts=[{first}, {end}) of {self.cfg.num_experts}, "
+                f"ep={g.ep.rank}/{g.ep.size}, etp={g.etp.rank}/{g.etp.size}")
+
+
+def build_mlp(config: Mapping[str, Any] | Any, layer: int, groups: ParallelGroups, *,
+              dispatch: str = "allreduce", dtype: torch.dtype | None = None, device=None) -> nn.Module:
+    """The MLP block of global layer ``layer`` of a Hugging Face config: :class:`MoE` where
+    :func:`is_moe_layer`, else a :class:`DenseMLP` of ``intermediate_size`` over the TP group. Both
+    have ``load_checkpoint(get_tensor, prefix)`` with prefix ``f"model.layers.{layer}.mlp."``."""
+    cfg = MoEConfig.from_hf(config)
+    if is_moe_layer(config, layer):
+        return MoE(cfg, groups, dispatch=dispatch, dtype=dtype, device=device)
+    hf = config if isinstance(config, Mapping) else config.to_dict()
+    return DenseMLP(cfg.hidden_size, hf["intermediate_size"], groups.tp, hidden_act=cfg.hidden_act,
+                    dtype=dtype, device=device)
+
+
+def token_split(tokens: int, parts: int) -> list[int]:
+    """Balanced contiguous split: the first ``tokens % parts`` parts get one token more."""
+    return [tokens // parts + (1 if i < tokens % parts else 0) for i in range(parts)]
+
+
+def gather_rows(x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
+    """All-gather ragged row blocks (rank i holds ``sizes[i]`` rows) into one tensor in rank order."""
+    if group.size == 1:
+        return x
+    longest = max(sizes)
+    padded = x.new_zeros((longest, *x.shape[1:]))
+    padded[:x.shape[0]] = x
+    parts = gather_from_tp(padded, group, dim=0).split(longest)
+    return torch.cat([part[:n] for part, n in zip(parts, sizes)])
+
+
+def _copy(param: torch.Tensor, full: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
+    if tuple(full.shape) != shape:
+        raise ValueError(f"{name}: checkpoint shape {tuple(full.shape)}, expected {shape}")
+    param.copy_(full)
+
+
+__all__ = ["MoE", "MoEConfig", "DenseMLP", "GroupedExperts", "Router", "build_mlp", "is_moe_layer",
+           "token_split", "gather_rows", "DISPATCH"]
