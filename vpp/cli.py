@@ -10,6 +10,7 @@ import sys
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("vpp.schedules.cli_simulate", "simulate CPP, VPP and VPP-Async side by side (Table 2 numbers)"),
+    "calibrate": ("vpp.perf.cli_calibrate", "time this CPU and a tiny model to fill the 'cpu' device preset"),
     "tune": ("vpp.perf.cli_tune", "pick layout, folds, partition and chunk size by simulation (paper-scale cost model)"),
 }
 
