@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from vpp.perf import paper  # noqa: E402
 from vpp.perf.fit import fit_cpp  # noqa: E402
 from vpp.perf.report import figure, kib, md_table, pct, save  # noqa: E402
-from vpp.perf.runs import packing_builder, run  # noqa: E402
+from vpp.perf.runs import Setup, packing_builder, run  # noqa: E402
 from vpp.perf.sweep import MODELS, at, best, fitted_setups, paper_setup, sweep  # noqa: E402
 
 STRATS = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-async-packed")
@@ -87,14 +87,25 @@ def section_512k(rows, fit) -> tuple[str, dict]:
 
 def section_steps(setups) -> str:
     ds = setups["deepseek-v3.1"]
+    online = Setup(ds.arch, ds.device, ds.par, ds.pp, dcpp_online=True)
+    sglang = Setup(ds.arch, ds.device, ds.par, ds.pp, dcpp_variant="sglang")
     out = []
     for budget in paper.CHUNKS:
         cpp = run(ds, "cpp", [131072], budget).row.chunks
         dc = run(ds, "dcpp", [131072], budget)
-        out.append([kib(budget), cpp, dc.row.chunks, " ".join(kib(n) if n % 1024 == 0 else str(n)
-                                                               for n in dc.requests[0].chunk_sizes)])
+        on = run(online, "dcpp", [131072], budget)
+        sg = run(sglang, "dcpp", [131072], budget).row.chunks
+        out.append([kib(budget), cpp, dc.row.chunks, on.row.chunks, sg, " ".join(
+            kib(n) if n % 1024 == 0 else str(n) for n in dc.requests[0].chunk_sizes)])
+    big = [run(s, "dcpp", [524288], 24576) for s in (ds, online, sglang)]
     return "\n".join(["## 2. Scheduling steps at 128K (Fig. 1b: CPP 8 steps, DCPP 17)", "",
-                      md_table(["budget", "CPP steps", "DCPP steps", "DCPP chunk sizes"], out), ""])
+                      "vLLM-Ascend planner profiled on the model's stage, without and with its online re-fit "
+                      "(each chunk's simulated time fed back), and SGLang's planner for comparison.", "",
+                      md_table(["budget", "CPP steps", "DCPP steps", "DCPP online re-fit", "DCPP SGLang",
+                                "DCPP chunk sizes (no re-fit)"], out), "",
+                      f"At 512K / 24K: DCPP {big[0].row.chunks} steps (TTFT {big[0].row.total:.1f} s), with online "
+                      f"re-fit {big[1].row.chunks} ({big[1].row.total:.1f} s), SGLang planner {big[2].row.chunks} "
+                      f"({big[2].row.total:.1f} s); CPP 22.", ""])
 
 
 def section_sweep(points) -> str:
