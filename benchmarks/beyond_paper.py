@@ -9,6 +9,7 @@
 3. Memory per rank (weights, KV cache, peak activations) for each schedule, and the longest prompt that
    fits 64 GB.
 4. The auto-tuner (`vpp tune`) against the paper's best configuration.
+5. The same deployment on H100 / H200 (16 GPUs: TP8 in a node, PP across two nodes).
 Writes beyond_paper.md, beyond_paper.json and PNGs.
 """
 
@@ -26,6 +27,7 @@ import numpy as np  # noqa: E402
 
 from vpp.perf.arch import Arch  # noqa: E402
 from vpp.perf.configs import get_config  # noqa: E402
+from vpp.perf.device import H100, H200  # noqa: E402
 from vpp.perf.decompose import decompose  # noqa: E402
 from vpp.perf.memory import kv_bytes_per_token_layer, rank_memory  # noqa: E402
 from vpp.perf.report import figure, kib, md_table, save  # noqa: E402
@@ -217,10 +219,28 @@ def section_tune(setups):
     return "\n".join(lines), {"rows": body}
 
 
+def section_devices(setups):
+    lines = ["## 5. The same deployment on GPUs", "",
+             "16 devices, TP8 x PP2; GPUs with FP8 weights for DeepSeek/GLM (their W8A8 analogue), BF16 for Qwen; "
+             "GPU efficiencies are the presets' assumptions (not fitted), the 910C row is the fitted one. "
+             "TTFT (s) at each strategy's best budget.", ""]
+    body = []
+    for model in ("deepseek-v3.1", "qwen3-coder-30b-a3b"):
+        for dev_name, dev in (("910C (fitted)", setups[model].device), ("H100", H100), ("H200", H200)):
+            s = paper_setup(model, dev)
+            for L in (131072, 524288):
+                t = {st: min(run(s, st, [L], c).row.total for c in CHUNKS) for st in ("cpp", "dcpp", "vpp-async")}
+                body.append([model, dev_name, kib(L), t["cpp"], t["dcpp"], t["vpp-async"],
+                             f"{100 * (t['cpp'] - t['vpp-async']) / t['cpp']:+.1f}%",
+                             f"{100 * (t['dcpp'] - t['vpp-async']) / t['dcpp']:+.1f}%"])
+    lines += [md_table(["model", "device", "length", "CPP", "DCPP", "VPP-Async", "VPP vs CPP", "VPP vs DCPP"], body), ""]
+    return "\n".join(lines), {"rows": body}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    ap.add_argument("--only", default="pp,dsa,memory,tune")
+    ap.add_argument("--only", default="pp,dsa,memory,tune,devices")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -240,6 +260,9 @@ def main(argv=None) -> int:
         parts.append(text)
     if "tune" in todo:
         text, blob["tune"] = section_tune(setups)
+        parts.append(text)
+    if "devices" in todo:
+        text, blob["devices"] = section_devices(setups)
         parts.append(text)
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "beyond_paper_notes.md")
     if os.path.exists(notes):

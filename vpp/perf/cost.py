@@ -102,8 +102,8 @@ class DeploymentCost:
         msg = pp_message_bytes(self.arch, int(tokens), self.par)
         tp = self.par.tp
         if tp == 1:
-            return self.device.p2p(msg)
-        return self.device.p2p(msg / tp) + self.device.allgather(msg, tp)
+            return self.device.pp_p2p(msg)
+        return self.device.pp_p2p(msg / tp) + self.device.allgather(msg, tp)
 
     def with_layout(self, layout) -> "DeploymentCost":
         return DeploymentCost(self.arch, self.device, layout, self.par, overlap=self.overlap)
