@@ -154,6 +154,17 @@ def section_dsa(setups, out_dir=None):
               "own best budget):", "",
               md_table(["attention", "length", "CPP best", "VPP-Async [budget]", "VPP bubble", "VPP vs CPP",
                         "taper", "2 folds", "taper + 2 folds", "remedied VPP vs CPP"], rows), ""]
+    what = []
+    for eff in (None, 0.1, 0.03):
+        s = paper_setup("glm-5.2", glm.device.replace(eff_irregular=eff))
+        for L in (65536, 131072):
+            t = {st: min(run(s, st, [L], c).row.total for c in CHUNKS) for st in ("cpp", "dcpp", "vpp-async")}
+            what.append(["as memory (baseline)" if eff is None else f"{eff} of bandwidth", kib(L), t["cpp"],
+                         f"{100 * (t['cpp'] - t['vpp-async']) / t['cpp']:+.1f}%",
+                         f"{100 * (t['dcpp'] - t['vpp-async']) / t['dcpp']:+.1f}%"])
+    lines += ["What if top-k selection runs far below memory bandwidth (on this CPU it runs at ~1/36 of copy "
+              "bandwidth, cpu_calibration.md)? It steepens tau_k (its cost grows with the prefix):", "",
+              md_table(["top-k speed", "length", "CPP (s)", "VPP-Async vs CPP", "VPP-Async vs DCPP"], what), ""]
     if out_dir:
         fig = figure(8, 4)
         ax = fig.add_subplot()

@@ -39,6 +39,7 @@ class Device:
     step_overhead: float = 0.0     # per forward step (one stage on one chunk): host scheduling
     pp_overlap: float = 1.0        # share of an async PP transfer that hides behind compute
     pp_link_bw: float | None = None  # per-device bytes/s between pipeline stages (None: link_bw)
+    eff_irregular: float | None = None  # share of mem_bw reached by top-k selection (None: eff_mem)
     sources: dict = field(default_factory=dict, compare=False)
 
     def replace(self, **changes) -> "Device":
@@ -46,12 +47,13 @@ class Device:
 
     # -- op times -----------------------------------------------------------------------------------
     def op_time(self, op: Op) -> float:
+        eff_mem = self.eff_irregular if (op.irregular and self.eff_irregular) else self.eff_mem
         if op.kind in ("gemm", "attn"):
             eff = self.eff_attn if op.kind == "attn" else self.eff_matmul
             rate = self.peak_flops * eff * (self.lowp_speedup if op.lowp else 1.0)
-            t = max(op.flops / rate, op.bytes / (self.mem_bw * self.eff_mem))
+            t = max(op.flops / rate, op.bytes / (self.mem_bw * eff_mem))
         elif op.kind == "mem":
-            t = op.bytes / (self.mem_bw * self.eff_mem)
+            t = op.bytes / (self.mem_bw * eff_mem)
         elif op.kind == "allreduce":
             return self.allreduce(op.bytes, op.group)
         elif op.kind == "allgather":

@@ -75,6 +75,7 @@ class Op:
     kernels: int = 1
     lowp: bool = False
     group: int = 1
+    irregular: bool = False    # a selection whose memory access is not a stream (DSA's top-k over the scores)
 
 
 def causal_pairs(tokens: int, prefix: int) -> float:
@@ -191,7 +192,7 @@ def _indexer_ops(arch: Arch, c: int, L: int, par: Parallel, ih: int, pairs: floa
         Op("index_norm_rope_cache", "mem", "indexer", bytes=c * (ih + 2) * arch.index_dim * act * 2, kernels=3),
         Op("index_scores", "attn", "indexer", flops=2.0 * pairs * ih * arch.index_dim + 2.0 * pairs * ih,
            bytes=pairs * 4, lowp=True),
-        Op("index_topk", "mem", "indexer", bytes=pairs * 4 * 2, kernels=1),
+        Op("index_topk", "mem", "indexer", bytes=pairs * 4 * 2, kernels=1, irregular=True),
     ]
 
 
