@@ -89,6 +89,23 @@ def section_512k(rows, fit) -> tuple[str, dict]:
     return "\n".join(lines), data
 
 
+def section_constants(device, fit) -> str:
+    rows = []
+    for name in ("peak_flops", "lowp_speedup", "mem_bw", "mem_bytes", "link_bw", "eff_matmul", "eff_mem",
+                 "eff_attn", "eff_link", "link_latency", "kernel_overhead"):
+        v = getattr(device, name)
+        src = device.sources.get(name, "")
+        rows.append([name, f"{v:.4g}", ("FITTED: " if name in ("eff_attn", "eff_link") else "") + src])
+    return "\n".join(["## 0. Constants (Ascend 910C die, the paper's NPU)", "",
+                      md_table(["constant", "value", "source"], rows), "",
+                      "Deployment: TP8 x PP2 (16 NPUs), experts over the 8 TP ranks (EP8, tokens replicated, "
+                      "combined by all-reduce), vLLM's PP hand-over (hidden + residual, 1/8 per rank then "
+                      "all-gather); W8A8 weights for DeepSeek-V3.1 and GLM-5.2, BF16 for Qwen3-30B-A3B; BF16 "
+                      "activations and KV cache. DCPP: vLLM-Ascend's planner (min chunk 4096, smoothing 1.0) "
+                      "profiled on the model's last-rank stage. Layer split: even (DeepSeek 31/30 on the loop, "
+                      "16/15/15/15 on the V).", ""])
+
+
 def section_steps(setups) -> str:
     ds = setups["deepseek-v3.1"]
     online = Setup(ds.arch, ds.device, ds.par, ds.pp, dcpp_online=True)
@@ -250,7 +267,7 @@ def main(argv=None) -> int:
     parts = ["# VPP paper reproduction (simulated, paper scale)", "",
              f"Command: `python benchmarks/paper_repro.py`. Packing builder: "
              f"{'present' if packing_builder() else 'absent (VPP-Async+packing columns are a marked gap)'}.", "",
-             text, section_steps(setups), section_sweep(points), section_chunks(points), section_ablation(setups)]
+             section_constants(setups["deepseek-v3.1"].device, fit), text, section_steps(setups), section_sweep(points), section_chunks(points), section_ablation(setups)]
     if not args.quick:
         parts.append(section_sensitivity(setups["deepseek-v3.1"].device.replace(eff_attn=0.5, eff_link=0.8)))
         figs = figures(setups, points, rows512, args.out)
