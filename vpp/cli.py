@@ -13,6 +13,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("vpp.schedules.cli_simulate", "simulate CPP, VPP and VPP-Async side by side (Table 2 numbers)"),
     "serve-sim": ("vpp.schedules.cli_serve_sim",
                   "simulate a request stream (short/long/mixed) under CPP, DCPP, VPP, VPP-Async and packing"),
+    "calibrate": ("vpp.perf.cli_calibrate", "time this CPU and a tiny model to fill the 'cpu' device preset"),
+    "tune": ("vpp.perf.cli_tune", "pick layout, folds, partition and chunk size by simulation (paper-scale cost model)"),
 }
 
 

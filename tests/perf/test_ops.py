@@ -113,3 +113,13 @@ def test_bad_inputs():
         layer_ops(Arch.from_config(TINY_MLA), 0, 4, 0, Parallel(tp=3))
     with pytest.raises(ValueError, match="tokens >= 1"):
         layer_ops(Arch.from_config(TINY_MLA), 0, 0, 0, PAR)
+
+
+def test_dsa_shared_indexer_layers():
+    cfg = {**TINY_DSA, "indexer_types": ["full", "shared"]}
+    arch = Arch.from_config(cfg)
+    assert arch.shared_index_layers == (1,) and arch.runs_indexer(0) and not arch.runs_indexer(1)
+    assert "index_scores" in ops_by_name(cfg, 0, 4, 6) and "index_scores" not in ops_by_name(cfg, 1, 4, 6)
+    assert "sparse_attention" in ops_by_name(cfg, 1, 4, 6)
+    freq = Arch.from_config({**TINY_DSA, "num_hidden_layers": 6, "index_topk_freq": 2})
+    assert freq.shared_index_layers == (2, 4)          # offset 2: layers 0, 1, 3, 5 run their own indexer

@@ -38,6 +38,7 @@ class Arch:
     top_k: int = 0
     shared: int = 0
     dense_layers: tuple[int, ...] = ()
+    shared_index_layers: tuple[int, ...] = ()   # DSA layers reusing the previous layer's top-k (GLM-5)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -52,6 +53,13 @@ class Arch:
 
     def is_moe(self, layer: int) -> bool:
         return self.experts > 0 and layer not in self.dense_layers
+
+    def runs_indexer(self, layer: int) -> bool:
+        return self.attention == "dsa" and layer not in self.shared_index_layers
+
+    def layer_kind(self, layer: int) -> tuple[bool, bool]:
+        """What a layer's cost depends on beyond its size: (MoE, runs its own DSA indexer)."""
+        return self.is_moe(layer), self.runs_indexer(layer)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -74,6 +82,8 @@ class Arch:
             first = int(cfg.get("first_k_dense_replace", 0))
             freq = int(cfg.get("moe_layer_freq", 1) or 1)
             dense = tuple(i for i in range(layers) if experts and (i < first or i % freq))
+            shared_index = tuple(i for i, t in enumerate(_indexer_types(cfg, layers)) if t == "shared") \
+                if attention == "dsa" else ()
             return cls(attention=attention, q_lora=int(cfg.get("q_lora_rank") or 0),
                        kv_lora=int(cfg["kv_lora_rank"]), nope=int(cfg["qk_nope_head_dim"]),
                        rope=int(cfg["qk_rope_head_dim"]), v_dim=int(cfg["v_head_dim"]),
@@ -82,7 +92,7 @@ class Arch:
                        index_topk=int(cfg.get("index_topk", 0)) if attention == "dsa" else 0,
                        moe_ffn=int(cfg.get("moe_intermediate_size", 0)), experts=experts,
                        top_k=int(cfg.get("num_experts_per_tok", 0)), shared=int(cfg.get("n_shared_experts") or 0),
-                       dense_layers=dense, **common)
+                       dense_layers=dense, shared_index_layers=shared_index, **common)
         heads = int(cfg["num_attention_heads"])
         head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
@@ -92,3 +102,15 @@ class Arch:
         return cls(attention="gqa", kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
                    moe_ffn=int(cfg.get("moe_intermediate_size", 0)), experts=experts,
                    top_k=int(cfg.get("num_experts_per_tok", 0)), dense_layers=dense, **common)
+
+
+def _indexer_types(cfg: dict, layers: int) -> list[str]:
+    """GLM-5's per-layer indexer mode: an explicit list, a pattern string, or every ``index_topk_freq``-th
+    layer from ``index_skip_topk_offset``; all "full" when none is given (DeepSeek-V3.2, GLM-5)."""
+    if cfg.get("indexer_types"):
+        return list(cfg["indexer_types"])
+    pattern = cfg.get("index_topk_pattern")
+    if pattern is not None:
+        return [{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str) else list(pattern)
+    freq, offset = max(int(cfg.get("index_topk_freq", 1) or 1), 1), int(cfg.get("index_skip_topk_offset", 2))
+    return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]

@@ -124,6 +124,12 @@ ALIASES = {"deepseek": "deepseek-v3.1", "glm": "glm-5.2", "qwen": "qwen3-coder-3
            "qwen3-30b-a3b": "qwen3-coder-30b-a3b"}
 
 
+def canonical_name(name: str) -> str:
+    """The registry key of a model name or alias (unchanged if it is neither, e.g. a path)."""
+    key = ALIASES.get(name.lower(), name.lower())
+    return key if key in CONFIGS else name
+
+
 def get_config(name: str) -> dict:
     """A copy of a named config (``deepseek-v3.1``, ``glm-5.2``, ``qwen3-coder-30b-a3b`` or a short
     alias), or of a ``config.json`` at a path (a file or a model directory)."""

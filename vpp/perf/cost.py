@@ -36,11 +36,16 @@ class DeploymentCost:
         self.overlap = device.pp_overlap if overlap is None else float(overlap)
         if not 0.0 <= self.overlap <= 1.0:
             raise ValueError(f"overlap={self.overlap} must lie in [0, 1]")
-        # (dense layers, moe layers) per stage
-        self._counts = [(sum(1 for i in layout.layers_of(s) if not arch.is_moe(i)),
-                         sum(1 for i in layout.layers_of(s) if arch.is_moe(i))) for s in range(layout.num_stages)]
-        self._dense_layer = next((i for i in range(arch.layers) if not arch.is_moe(i)), None)
-        self._moe_layer = next((i for i in range(arch.layers) if arch.is_moe(i)), None)
+        # layers of each kind (MoE or not, own DSA indexer or not) per stage, and one layer of each kind
+        self._example = {}
+        for i in range(arch.layers):
+            self._example.setdefault(arch.layer_kind(i), i)
+        self._counts = []
+        for s in range(layout.num_stages):
+            counts: dict = defaultdict(int)
+            for i in layout.layers_of(s):
+                counts[arch.layer_kind(i)] += 1
+            self._counts.append(dict(counts))
         self._layer = lru_cache(maxsize=65536)(self._layer_breakdown)
 
     def __repr__(self) -> str:
@@ -61,12 +66,11 @@ class DeploymentCost:
                 out["launch"] += launch
         return out
 
-    def _layer_breakdown(self, moe: bool, tokens: int, prefix: int) -> dict:
-        layer = self._moe_layer if moe else self._dense_layer
-        return dict(self._ops_breakdown(layer_ops(self.arch, layer, tokens, prefix, self.par)))
+    def _layer_breakdown(self, kind: tuple, tokens: int, prefix: int) -> dict:
+        return dict(self._ops_breakdown(layer_ops(self.arch, self._example[kind], tokens, prefix, self.par)))
 
     def layer_breakdown(self, layer: int, tokens: int, prefix: int) -> dict:
-        return dict(self._layer(self.arch.is_moe(layer), int(tokens), int(prefix)))
+        return dict(self._layer(self.arch.layer_kind(layer), int(tokens), int(prefix)))
 
     def layer_time(self, layer: int, tokens: int, prefix: int) -> float:
         return sum(self.layer_breakdown(layer, tokens, prefix).values())
@@ -77,12 +81,10 @@ class DeploymentCost:
         if not 0 <= stage < self.layout.num_stages:
             raise ValueError(f"stage {stage} outside 0..{self.layout.num_stages - 1}")
         tokens, prefix = int(tokens), int(prefix)
-        n_dense, n_moe = self._counts[stage]
         out: dict = defaultdict(float)
-        for moe, n in ((False, n_dense), (True, n_moe)):
-            if n:
-                for k, v in self._layer(moe, tokens, prefix).items():
-                    out[k] += n * v
+        for kind, n in self._counts[stage].items():
+            for k, v in self._layer(kind, tokens, prefix).items():
+                out[k] += n * v
         if stage == 0:
             for k, v in self._ops_breakdown(embed_ops(self.arch, tokens, self.par)).items():
                 out[k] += v
@@ -100,8 +102,8 @@ class DeploymentCost:
         msg = pp_message_bytes(self.arch, int(tokens), self.par)
         tp = self.par.tp
         if tp == 1:
-            return self.device.p2p(msg)
-        return self.device.p2p(msg / tp) + self.device.allgather(msg, tp)
+            return self.device.pp_p2p(msg)
+        return self.device.pp_p2p(msg / tp) + self.device.allgather(msg, tp)
 
     def with_layout(self, layout) -> "DeploymentCost":
         return DeploymentCost(self.arch, self.device, layout, self.par, overlap=self.overlap)

@@ -89,7 +89,7 @@ def decompose(name: str, plan, trace, cost, *, view: str = "profiler") -> Row:
         for k, v in c.items():
             mean_cats[k] += v / n
     comm_total = s.comm + sum(tp)
-    overlap = 1.0 - (s.exposed_comm + sum(tp)) / comm_total if comm_total > 0 else 0.0
+    overlap = 1.0 - min(pp_exposed + sum(tp), comm_total) / comm_total if comm_total > 0 else 0.0
     chunks = sum(q.num_chunks for q in plan.requests)
     return Row(name, s.makespan, compute, bubble, exposed, chunks, dict(mean_cats),
                overlap_ratio=max(0.0, overlap), bubble_ratio=bubble / s.makespan if s.makespan else 0.0)

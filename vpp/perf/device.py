@@ -38,6 +38,8 @@ class Device:
     kernel_overhead: float = 10e-6  # per kernel launch
     step_overhead: float = 0.0     # per forward step (one stage on one chunk): host scheduling
     pp_overlap: float = 1.0        # share of an async PP transfer that hides behind compute
+    pp_link_bw: float | None = None  # per-device bytes/s between pipeline stages (None: link_bw)
+    eff_irregular: float | None = None  # share of mem_bw reached by top-k selection (None: eff_mem)
     sources: dict = field(default_factory=dict, compare=False)
 
     def replace(self, **changes) -> "Device":
@@ -45,12 +47,13 @@ class Device:
 
     # -- op times -----------------------------------------------------------------------------------
     def op_time(self, op: Op) -> float:
+        eff_mem = self.eff_irregular if (op.irregular and self.eff_irregular) else self.eff_mem
         if op.kind in ("gemm", "attn"):
             eff = self.eff_attn if op.kind == "attn" else self.eff_matmul
             rate = self.peak_flops * eff * (self.lowp_speedup if op.lowp else 1.0)
-            t = max(op.flops / rate, op.bytes / (self.mem_bw * self.eff_mem))
+            t = max(op.flops / rate, op.bytes / (self.mem_bw * eff_mem))
         elif op.kind == "mem":
-            t = op.bytes / (self.mem_bw * self.eff_mem)
+            t = op.bytes / (self.mem_bw * eff_mem)
         elif op.kind == "allreduce":
             return self.allreduce(op.bytes, op.group)
         elif op.kind == "allgather":
@@ -71,6 +74,10 @@ class Device:
 
     def p2p(self, nbytes: float) -> float:
         return self.link_latency + nbytes / (self.link_bw * self.eff_link)
+
+    def pp_p2p(self, nbytes: float) -> float:
+        """A send between pipeline stages (a different link when stages sit on different nodes)."""
+        return self.link_latency + nbytes / ((self.pp_link_bw or self.link_bw) * self.eff_link)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -114,12 +121,14 @@ _NV = {
     "eff_matmul": _ASSUMED_EFF, "eff_mem": _ASSUMED_EFF,
     "link_latency": "assumed 5 us per NCCL ring step",
     "kernel_overhead": "assumed 4 us per CUDA kernel launch (eager)",
+    "pp_link_bw": "16 GPUs = 2 x 8-GPU nodes: PP crosses nodes over one 400 Gb/s ConnectX-7 NIC per GPU "
+                  "(DGX H100/H200 datasheet) = 50 GB/s",
 }
 
 H100 = Device(
     name="h100-sxm", peak_flops=989e12, mem_bw=3.35e12, mem_bytes=80e9, link_bw=450e9, lowp_speedup=2.0,
     eff_matmul=0.7, eff_attn=0.6, eff_mem=0.8, eff_link=0.8, link_latency=5e-6, kernel_overhead=4e-6,
-    sources={**_NV, "mem_bw": "H100 SXM datasheet: 3.35 TB/s HBM3", "mem_bytes": "80 GB HBM3 (datasheet)"})
+    pp_link_bw=50e9, sources={**_NV, "mem_bw": "H100 SXM datasheet: 3.35 TB/s HBM3", "mem_bytes": "80 GB HBM3 (datasheet)"})
 
 H200 = H100.replace(name="h200-sxm", mem_bw=4.8e12, mem_bytes=141e9,
                     sources={**_NV, "mem_bw": "H200 SXM datasheet: 4.8 TB/s HBM3e",

@@ -75,6 +75,7 @@ class Op:
     kernels: int = 1
     lowp: bool = False
     group: int = 1
+    irregular: bool = False    # a selection whose memory access is not a stream (DSA's top-k over the scores)
 
 
 def causal_pairs(tokens: int, prefix: int) -> float:
@@ -159,23 +160,19 @@ def mla_ops(arch: Arch, c: int, L: int, par: Parallel) -> list[Op]:
     return ops
 
 
-def dsa_ops(arch: Arch, c: int, L: int, par: Parallel) -> list[Op]:
+def dsa_ops(arch: Arch, c: int, L: int, par: Parallel, *, indexer: bool = True) -> list[Op]:
+    """``indexer=False``: a layer that reuses the previous layer's top-k (GLM-5's shared indexer)."""
     h, act, d = _heads(arch, par), par.act_bytes, arch.hidden
     ih = arch.index_heads if par.indexer_replicated else max(1, arch.index_heads // par.tp)
     lat = arch.kv_lora + arch.rope
     pairs = causal_pairs(c, L)
     sparse = sparse_pairs(c, L, arch.index_topk)
     ops = _mla_projections(arch, c, par, h, absorbed=True)
+    ops.append(Op("q_absorb", "gemm", "gemm", flops=2.0 * c * h * arch.nope * arch.kv_lora,
+                  bytes=h * arch.nope * arch.kv_lora * 2 + c * h * (arch.nope + arch.kv_lora) * act))
+    if indexer:
+        ops += _indexer_ops(arch, c, L, par, ih, pairs)
     ops += [
-        Op("q_absorb", "gemm", "gemm", flops=2.0 * c * h * arch.nope * arch.kv_lora,
-           bytes=h * arch.nope * arch.kv_lora * 2 + c * h * (arch.nope + arch.kv_lora) * act),
-        gemm("index_q_proj", c, arch.q_lora or d, ih * arch.index_dim, par, lowp=True, category="indexer"),
-        gemm("index_k_proj", c, d, arch.index_dim, par, lowp=True, category="indexer"),
-        gemm("index_weights_proj", c, d, ih, par, category="indexer"),
-        Op("index_norm_rope_cache", "mem", "indexer", bytes=c * (ih + 2) * arch.index_dim * act * 2, kernels=3),
-        Op("index_scores", "attn", "indexer", flops=2.0 * pairs * ih * arch.index_dim + 2.0 * pairs * ih,
-           bytes=pairs * 4, lowp=True),
-        Op("index_topk", "mem", "indexer", bytes=pairs * 4 * 2, kernels=1),
         Op("sparse_attention", "attn", "attention", flops=2.0 * sparse * h * (lat + arch.kv_lora),
            bytes=sparse * lat * par.kv_bytes),
         Op("v_absorb", "gemm", "gemm", flops=2.0 * c * h * arch.kv_lora * arch.v_dim,
@@ -184,6 +181,19 @@ def dsa_ops(arch: Arch, c: int, L: int, par: Parallel) -> list[Op]:
         allreduce("attn_allreduce", c, arch, par),
     ]
     return ops
+
+
+def _indexer_ops(arch: Arch, c: int, L: int, par: Parallel, ih: int, pairs: float) -> list[Op]:
+    d, act = arch.hidden, par.act_bytes
+    return [
+        gemm("index_q_proj", c, arch.q_lora or d, ih * arch.index_dim, par, lowp=True, category="indexer"),
+        gemm("index_k_proj", c, d, arch.index_dim, par, lowp=True, category="indexer"),
+        gemm("index_weights_proj", c, d, ih, par, category="indexer"),
+        Op("index_norm_rope_cache", "mem", "indexer", bytes=c * (ih + 2) * arch.index_dim * act * 2, kernels=3),
+        Op("index_scores", "attn", "indexer", flops=2.0 * pairs * ih * arch.index_dim + 2.0 * pairs * ih,
+           bytes=pairs * 4, lowp=True),
+        Op("index_topk", "mem", "indexer", bytes=pairs * 4 * 2, kernels=1, irregular=True),
+    ]
 
 
 def ffn_ops(arch: Arch, layer: int, c: int, par: Parallel) -> list[Op]:
@@ -217,7 +227,10 @@ def layer_ops(arch: Arch, layer: int, tokens: int, prefix: int, par: Parallel) -
     """Every op one rank runs for layer ``layer`` on a chunk of ``tokens`` after ``prefix`` cached."""
     if tokens < 1 or prefix < 0:
         raise ValueError(f"tokens={tokens}, prefix={prefix}: need tokens >= 1 and prefix >= 0")
-    attn = {"gqa": gqa_ops, "mla": mla_ops, "dsa": dsa_ops}[arch.attention](arch, tokens, prefix, par)
+    if arch.attention == "dsa":
+        attn = dsa_ops(arch, tokens, prefix, par, indexer=arch.runs_indexer(layer))
+    else:
+        attn = {"gqa": gqa_ops, "mla": mla_ops}[arch.attention](arch, tokens, prefix, par)
     norms = Op("add_rmsnorm", "mem", "elementwise", bytes=8.0 * tokens * arch.hidden * par.act_bytes, kernels=2)
     return attn + ffn_ops(arch, layer, tokens, par) + [norms]
 

@@ -41,6 +41,7 @@ class Setup:
     par: Parallel = field(default_factory=Parallel)
     pp: int = 2
     dcpp_variant: str = "vllm-ascend"
+    dcpp_online: bool = False    # vLLM-Ascend's online re-fit from each chunk's (simulated) time
 
     def layout(self, kind: str, folds: int = 1, partition=None):
         return sch.make_layout(kind, self.arch.layers, self.pp, folds=folds, partition=partition)
@@ -60,9 +61,21 @@ class Run:
 
 def requests_for(setup: Setup, strategy: str, lengths, chunk: int, cost: DeploymentCost, layout) -> list:
     if strategy == "dcpp":
+        stages = profiled_stages(layout, setup.dcpp_variant)
         planner = DcppPlanner(setup.dcpp_variant, budget=chunk)
-        planner.profile(stage_measure(cost, profiled_stages(layout, setup.dcpp_variant)))
-        return dcpp_requests(lengths, planner)
+        planner.profile(stage_measure(cost, stages))
+        if not setup.dcpp_online:
+            return dcpp_requests(lengths, planner)
+        out = []
+        for i, n in enumerate(lengths):           # plan chunk by chunk, observing each one's time
+            done, sizes = 0, []
+            while done < n:
+                c = planner.next_chunk(done, n - done)
+                planner.observe(c, done, sum(cost.compute(s, c, done) for s in stages))
+                sizes.append(c)
+                done += c
+            out.append(sch.Request(i, tuple(sizes)))
+        return out
     return sch.chunk_requests(lengths, chunk)
 
 
