@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from vpp.perf import paper  # noqa: E402
 from vpp.perf.fit import fit_cpp  # noqa: E402
 from vpp.perf.report import figure, kib, md_table, pct, save  # noqa: E402
-from vpp.perf.runs import Setup, packing_builder, run  # noqa: E402
+from vpp.perf.runs import Setup, run  # noqa: E402
 from vpp.perf.sweep import MODELS, at, best, fitted_setups, paper_setup, sweep  # noqa: E402
 
 STRATS = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-async-packed")
@@ -134,7 +134,6 @@ def section_sweep(points) -> str:
              "Best budget in brackets. Gains are TTFT reductions; the paper's ranges are in the last column.", ""]
     claims = {"deepseek-v3.1": paper.CLAIMS["vpp_vs_dcpp_deepseek"] + "; " + paper.CLAIMS["dcpp_vs_cpp"],
               "glm-5.2": paper.CLAIMS["vpp_vs_dcpp_glm"], "qwen3-coder-30b-a3b": paper.CLAIMS["vpp_vs_dcpp_qwen"]}
-    have_pack = any(p.strategy == "vpp-async-packed" for p in points)
     for model in MODELS:
         body = []
         for L in paper.LENGTHS:
@@ -142,7 +141,7 @@ def section_sweep(points) -> str:
             cell = lambda s: None if b[s] is None else f"{b[s].row.total:.1f} [{kib(b[s].chunk)}]"
             c, d, a = (b[s].row.total for s in ("cpp", "dcpp", "vpp-async"))
             body.append([kib(L), cell("cpp"), cell("dcpp"), cell("vpp"), cell("vpp-async"),
-                         cell("vpp-async-packed") if have_pack else "gap: no packing builder",
+                         cell("vpp-async-packed"),
                          f"{100 * (c - d) / c:+.1f}%", f"{100 * (d - a) / d:+.1f}%", f"{100 * (c - a) / c:+.1f}%"])
         lines += [f"### {model}", "", f"Paper: {claims[model]}.", "",
                   md_table(["length", "CPP", "DCPP", "VPP", "VPP-Async", "VPP-Async+pack", "DCPP vs CPP",
@@ -174,9 +173,6 @@ def section_ablation(setups) -> str:
     v = rows["vpp"].row.total
     body = []
     for s, r in rows.items():
-        if r is None:
-            body.append([LABEL[s], "gap: no packing builder", None, A["bubble_ratio"][s] * 100, None])
-            continue
         body.append([LABEL[s], r.row.total, f"{100 * (v - r.row.total) / v:.2f}%", A["bubble_ratio"][s] * 100,
                      r.row.bubble_ratio * 100])
     return "\n".join(["## 5. Ablation: DeepSeek 256K, 32K chunks, 3 requests back to back (Sec. 6.4)", "",
@@ -261,12 +257,11 @@ def main(argv=None) -> int:
     t0 = time.time()
     setups, fit = fitted_setups()
     rows512, _ = table_512k(setups)
-    strategies = [s for s in STRATS if s != "vpp-async-packed" or packing_builder() is not None]
+    strategies = list(STRATS)
     points = sweep(setups, strategies, paper.LENGTHS, paper.CHUNKS)
     text, data = section_512k(rows512, fit)
     parts = ["# VPP paper reproduction (simulated, paper scale)", "",
-             f"Command: `python benchmarks/paper_repro.py`. Packing builder: "
-             f"{'present' if packing_builder() else 'absent (VPP-Async+packing columns are a marked gap)'}.", "",
+             "Command: `python benchmarks/paper_repro.py`.", "",
              section_constants(setups["deepseek-v3.1"].device, fit), text, section_steps(setups), section_sweep(points), section_chunks(points), section_ablation(setups)]
     if not args.quick:
         parts.append(section_sensitivity(setups["deepseek-v3.1"].device.replace(eff_attn=0.5, eff_link=0.8)))

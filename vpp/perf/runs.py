@@ -2,8 +2,8 @@
 
 Strategies: ``cpp`` (loop layout, fixed chunks, blocking), ``dcpp`` (loop layout, chunks from a DCPP
 planner profiled on the cost model, blocking), ``vpp`` (fold-back V, blocking, Algorithm 1),
-``vpp-async`` (V, reordered, non-blocking) and ``vpp-async-packed`` (needs a packing builder in
-:mod:`vpp.schedules`; :func:`packing_builder` says whether one exists). ``layout`` / ``folds`` /
+``vpp-async`` (V, reordered, non-blocking) and ``vpp-async-packed`` (VPP-Async with the dual-queue
+cross-request packing of :func:`vpp.schedules.build_vpp_packed`, planned with the same cost model). ``layout`` / ``folds`` /
 ``partition`` override the strategy's layout (e.g. an interleaved layout run with the VPP builders).
 """
 
@@ -21,15 +21,6 @@ from .device import Device
 from .ops import Parallel
 
 STRATEGIES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-async-packed")
-
-
-def packing_builder():
-    """The packing plan builder if the schedules package has one (built on branch main), else None."""
-    for name in ("build_vpp_packed", "build_vpp_async_packed", "build_packed"):
-        fn = getattr(sch, name, None)
-        if fn is not None:
-            return fn
-    return None
 
 
 @dataclass
@@ -80,9 +71,8 @@ def requests_for(setup: Setup, strategy: str, lengths, chunk: int, cost: Deploym
 
 
 def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = None, folds: int = 1,
-        partition=None, requests=None, name: str | None = None) -> Run | None:
-    """Simulate ``strategy`` on prompts of ``lengths`` with chunk budget ``chunk``; None if the strategy
-    is not available (no packing builder)."""
+        partition=None, requests=None, name: str | None = None) -> Run:
+    """Simulate ``strategy`` on prompts of ``lengths`` with chunk budget ``chunk``."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {STRATEGIES}")
     lengths = [int(n) for n in ([lengths] if isinstance(lengths, int) else lengths)]
@@ -98,9 +88,6 @@ def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = 
     elif strategy == "vpp-async":
         plan = sch.build_vpp_async(layout, reqs)
     else:
-        builder = packing_builder()
-        if builder is None:
-            return None
-        plan = builder(layout, reqs)
+        plan = sch.build_vpp_packed(layout, reqs, cost=cost)
     trace = sch.simulate(plan, cost, check=False)
     return Run(decompose(name or strategy, plan, trace, cost), plan, trace, cost, list(reqs))
