@@ -15,6 +15,7 @@ imported only by ``Trace.plot``.
 
 from .builders import REQUEST_ORDERS, build_cpp, build_plan, build_vpp, build_vpp_async, plan_from_orders
 from .comms import insert_comms
+from .dcpp import DcppPlanner, dcpp_requests, fit_quadratic
 from .cost import Cost, FlopCost, LinearCost, TableCost, seconds_per_token
 from .ir import (COMM_MODES, COMPUTE, HANDOFF, RECV, SEND, Action, Plan, Request, chunk_requests,
                  link_group, replace_actions)
@@ -29,6 +30,7 @@ from .trace import Span, Trace
 from .verify import PlanError, verify
 
 __all__ = [
+    "DcppPlanner", "dcpp_requests", "fit_quadratic",
     "Action", "COMM_MODES", "COMPUTE", "Cost", "FlopCost", "HANDOFF", "KINDS", "Layout", "LinearCost",
     "Plan", "PlanError", "RECV", "REQUEST_ORDERS", "Request", "SEND", "Span", "StreamStats", "Summary",
     "TableCost", "Task", "Trace", "admission_gates", "auto_slack", "balance", "build_cpp", "build_plan",
@@ -39,7 +41,7 @@ __all__ = [
     "summarize", "timeline", "verify",
 ]
 
-_LAZY = {"forward_prefill": "api", "forward_vpp_prefill": "api", "forward_cpp_prefill": "api",
+_LAZY = {"forward_prefill": "api", "forward_dcpp_prefill": "dcpp_runtime", "profile_planner": "dcpp_runtime", "forward_vpp_prefill": "api", "forward_cpp_prefill": "api",
          "PrefillOutput": "api", "infer_layout": "api", "gather_trace": "api",
          "Executor": "executor", "ExecutionResult": "executor", "ExecutionError": "watchdog"}
 

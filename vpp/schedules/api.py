@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -29,13 +29,14 @@ from vpp.parallel.groups import ParallelGroups
 
 from . import handshake
 from .builders import build_cpp, build_vpp, build_vpp_async
+from .packing import build_vpp_packed
 from .executor import ExecutionResult, Executor
 from .ir import Plan, Request, chunk_requests
 from .layout import Layout, stage_ranks_for
 from .trace import Trace
 from .verify import verify
 
-SCHEDULES = ("cpp", "vpp", "vpp-async")
+SCHEDULES = ("cpp", "vpp", "vpp-async", "vpp-packed")
 
 
 @dataclass
@@ -79,14 +80,19 @@ def infer_layout(pipeline: Sequence[handshake.RankInfo]) -> Layout:
                          f"{by_rank}") from None
 
 
-def build_schedule(schedule: str, layout: Layout, requests: Sequence[Request]) -> Plan:
+def build_schedule(schedule: str, layout: Layout, requests: Sequence[Request], *,
+                   concurrency: int | None = None) -> Plan:
+    """The plan of ``schedule``: "cpp" (loop layout), "vpp" (Algorithm 1), "vpp-async" (the reordered,
+    non-blocking variant) or "vpp-packed" (VPP-Async with cross-request pipelined packing)."""
+    kw = dict(concurrency=concurrency)
     if schedule == "cpp":
-        return build_cpp(layout, requests)
-    if schedule in ("vpp", "vpp-async"):
+        return build_cpp(layout, requests, **kw)
+    if schedule in ("vpp", "vpp-async", "vpp-packed"):
         if layout.kind == "loop" and layout.num_ranks > 1:
             raise ValueError(f"{schedule} needs 2f stages per rank (a V); the stage modules form "
                              f"{layout.describe()}")
-        return build_vpp(layout, requests) if schedule == "vpp" else build_vpp_async(layout, requests)
+        builder = {"vpp": build_vpp, "vpp-async": build_vpp_async, "vpp-packed": build_vpp_packed}[schedule]
+        return builder(layout, requests, **kw)
     raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
 
 
@@ -101,18 +107,22 @@ def _as_prompts(input_ids) -> list[torch.Tensor] | None:
 def forward_prefill(
     stages: Sequence[torch.nn.Module],
     input_ids: torch.Tensor | Sequence[torch.Tensor] | None,
-    chunk_size: int | Sequence[Sequence[int]],
+    chunk_size: int | Sequence[Sequence[int]] | Callable[[int], Sequence[int]],
     groups: ParallelGroups,
     *,
     schedule: str = "vpp",
     request_ids: Sequence[int] | None = None,
+    arrivals: Sequence[float] | None = None,
+    concurrency: int | None = None,
     return_trace: bool = False,
     timeout_s: float = 300.0,
     progress=None,
 ) -> PrefillOutput:
-    """Prefill one prompt (a 1-D tensor) or several (a list, processed one after another) through
-    this rank's ``stages`` with ``schedule`` ("cpp", "vpp" or "vpp-async"). ``chunk_size`` is an int,
-    or explicit chunk sizes per request (a DCPP planner's). ``progress(n)`` is called on the rank
+    """Prefill one prompt (a 1-D tensor) or a stream of them (a list) through this rank's ``stages``
+    with ``schedule`` (see :func:`build_schedule`). ``chunk_size`` is an int, explicit chunk sizes per
+    request, or a function of a prompt's length returning its chunk sizes (a DCPP planner's
+    ``chunk_sizes``). A stream may carry ``arrivals`` (seconds after the start; each request enters
+    the pipeline no earlier) and a ``concurrency`` limit (at most that many requests in flight). ``progress(n)`` is called on the rank
     holding stage 0 after each chunk it feeds into the pipeline. Every argument problem raises the same error on
     every rank."""
     if schedule not in SCHEDULES:
@@ -132,8 +142,8 @@ def forward_prefill(
     ids = list(request_ids) if request_ids is not None else list(range(len(lengths)))
     if len(ids) != len(lengths):
         raise ValueError(f"{len(ids)} request ids for {len(lengths)} prompts")
-    requests = _requests(lengths, chunk_size, ids)
-    plan = verify(build_schedule(schedule, layout, requests))
+    requests = _requests(lengths, chunk_size, ids, arrivals)
+    plan = verify(build_schedule(schedule, layout, requests, concurrency=concurrency))
     mine = {s: m for s, m in zip(layout.stages_of(groups.pp.rank), stages)}
     executor = Executor(plan, mine, groups, pipeline, run_key=infos[0].run_key, timeout_s=timeout_s,
                         progress=progress)
@@ -148,16 +158,21 @@ def forward_prefill(
     return PrefillOutput(first, result.logits, plan, result, trace, wall)
 
 
-def _requests(lengths, chunk_size, ids) -> list[Request]:
+def _requests(lengths, chunk_size, ids, arrivals=None) -> list[Request]:
+    arrivals = [0.0] * len(lengths) if arrivals is None else [float(a) for a in arrivals]
+    if len(arrivals) != len(lengths):
+        raise ValueError(f"{len(arrivals)} arrival times for {len(lengths)} prompts")
     if isinstance(chunk_size, int):
-        return [Request(q, r.chunk_sizes) for q, r in zip(ids, chunk_requests(lengths, chunk_size))]
+        return [Request(q, r.chunk_sizes, a) for q, r, a in zip(ids, chunk_requests(lengths, chunk_size), arrivals)]
+    if callable(chunk_size):
+        chunk_size = [chunk_size(n) for n in lengths]
     sizes = [tuple(int(c) for c in s) for s in chunk_size]
     if len(sizes) != len(lengths):
         raise ValueError(f"{len(sizes)} chunkings for {len(lengths)} prompts")
     for q, n, s in zip(ids, lengths, sizes):
         if sum(s) != n:
             raise ValueError(f"request {q}: chunk sizes sum to {sum(s)} but the prompt has {n} tokens")
-    return [Request(q, s) for q, s in zip(ids, sizes)]
+    return [Request(q, s, a) for q, s, a in zip(ids, sizes, arrivals)]
 
 
 def gather_trace(result: ExecutionResult, groups: ParallelGroups, plan: Plan) -> Trace:
@@ -167,7 +182,8 @@ def gather_trace(result: ExecutionResult, groups: ParallelGroups, plan: Plan) ->
         everyone: list = [None] * groups.pp.size
         dist.all_gather_object(everyone, spans, group=groups.pp.pg)
         spans = [s for part in everyone for s in part]
-    meta = dict(result.meta, layout=plan.layout.describe(), requests=[list(q.chunk_sizes) for q in plan.requests])
+    meta = dict(result.meta, layout=plan.layout.describe(), requests=[list(q.chunk_sizes) for q in plan.requests],
+                arrivals=[[q.id, q.arrival] for q in plan.requests])
     return Trace(groups.pp.size, tuple(spans), meta)
 
 

@@ -13,6 +13,11 @@ two communication modes). This rank runs ``plan.actions[pp_rank]`` in order:
   the end (sends).
 * ``L`` HANDOFF  -- nothing moves: the output stays in this rank's activation table for stage s+1.
 
+Request streams (see :mod:`.ir`): before stage 0 computes a request's first chunk, the executor sleeps
+until the request's arrival (seconds after the start barrier, the trace's origin) and, under a
+concurrency limit, until the gating request has finished. Where that request's last stage lives on
+another rank, the rank holding it posts a completion notice in the process group's store.
+
 Every wait goes through a :class:`~.watchdog.Watchdog`: a rank that raises posts a notice naming itself
 and its action, and the others stop within ``poll_s``; a rank that dies breaks the connection; a rank
 that hangs trips ``timeout_s``. Nothing hangs.
@@ -72,6 +77,8 @@ class Executor:
         self.watchdog = Watchdog(run_key, self.me, timeout_s=timeout_s, poll_s=poll_s)
         self.device = groups.device
         self.progress = progress  # called with the number of chunks through stage 0 so far
+        layout = plan.layout
+        self.gates_remote = plan.concurrency is not None and layout.rank_of(0) != layout.rank_of(layout.last_stage)
 
     # --- the interpreter loop ---------------------------------------------------------------------
 
@@ -127,8 +134,26 @@ class Executor:
 
     # --- actions ----------------------------------------------------------------------------------
 
+    def _admit(self, a: Action) -> float:
+        """Hold back the first chunk of a request until it arrived and its admission gate opened."""
+        q = self.requests[a.request]
+        start = self._now()
+        gate = self.plan.admission_gate(q.id)
+        last_rank = self.plan.layout.rank_of(self.plan.layout.last_stage)
+        if gate is not None and last_rank != self.me:
+            self.watchdog.wait_done(gate.id, str(a), last_rank)
+        delay = q.arrival - self._now()
+        if delay > 0:
+            time.sleep(delay)
+        end = self._now()
+        if end > start:
+            self.spans.append(Span(self.me, "wait", start, end, a.stage, a.request, a.chunk))
+        return end - start
+
     def _compute(self, a: Action) -> float:
         blocked = 0.0
+        if a.stage == 0 and a.chunk == 0:
+            blocked += self._admit(a)
         if a.stage == 0:
             q = self.requests[a.request]
             offset = q.offset(a.chunk)
@@ -153,6 +178,8 @@ class Executor:
         if last:
             if a.chunk == q.num_chunks - 1:
                 self.logits[a.request] = out[-1]
+                if self.gates_remote:
+                    self.watchdog.mark_done(a.request)
         else:
             self.ready[a.key] = out
         return blocked + (end - start)

@@ -69,6 +69,33 @@ class Watchdog:
             return None
         return None
 
+    def _done_key(self, request: int) -> str:
+        return self.key.replace("/failed", f"/done/{request}")
+
+    def mark_done(self, request: int) -> None:
+        """Announce that ``request`` has finished (its last chunk left the last stage): the admission
+        notice for a request gated on it whose stage 0 lives on another rank."""
+        if self.store is not None:
+            self.store.set(self._done_key(request), "1")
+
+    def wait_done(self, request: int, what: str, peer: int | None) -> None:
+        """Wait for :meth:`mark_done` of ``request`` on another rank, with the same failure checks and
+        deadline as :meth:`wait`."""
+        if self.store is None:
+            raise ExecutionError(f"pipeline rank {self.rank} needs a completion notice for request {request} "
+                                 f"at {what}, but the process group has no key-value store", action=what)
+        deadline = time.monotonic() + self.timeout_s
+        key = self._done_key(request)
+        while not self.store.check([key]):
+            notice = self.failure_notice()
+            if notice is not None:
+                raise ExecutionError(f"pipeline rank {self.rank} stopped at {what} because {notice}", action=what)
+            if time.monotonic() > deadline:
+                raise ExecutionError(f"pipeline rank {self.rank} timed out after {self.timeout_s:.0f}s at {what} "
+                                     f"waiting for request {request} to finish on pipeline rank {peer}",
+                                     rank=peer, action=what)
+            time.sleep(min(self.poll_s, 0.005))
+
     def wait(self, work: dist.Work, what: str, peer: int | None) -> None:
         """``work.wait()``, but raise :class:`ExecutionError` when another rank reports a failure, the
         connection breaks, or ``timeout_s`` passes."""
