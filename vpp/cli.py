@@ -10,6 +10,7 @@ import sys
 # name -> (module, one-line help). Command modules stay light: heavy imports happen inside run().
 COMMANDS: dict[str, tuple[str, str]] = {
     "prefill": ("vpp.cli_prefill", "run prefill schedules on real ranks and compare them"),
+    "serve-bench": ("vpp.cli_serve_bench", "prefill a request stream on real ranks under every strategy"),
     "simulate": ("vpp.schedules.cli_simulate", "simulate CPP, VPP and VPP-Async side by side (Table 2 numbers)"),
     "serve-sim": ("vpp.schedules.cli_serve_sim",
                   "simulate a request stream (short/long/mixed) under CPP, DCPP, VPP, VPP-Async and packing"),

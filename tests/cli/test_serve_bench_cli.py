@@ -1,0 +1,26 @@
+"""``vpp serve-bench`` end to end on spawned CPU ranks with the toy model: every contender runs the
+stream and reports makespan, throughput and (for vpp's own schedules) TTFT and bubble ratio."""
+
+import json
+import subprocess
+import sys
+
+
+def test_serve_bench_runs_every_contender():
+    proc = subprocess.run(
+        [sys.executable, "-m", "vpp", "serve-bench", "--model", "toy", "--workload", "short", "--n", "4",
+         "--scale", "512", "--chunk-size", "8", "--repeat", "2", "--json"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    names = [r["name"] for r in out["rows"]]
+    assert names == ["cpp", "dcpp", "vpp", "vpp-async", "vpp-packed", "gpipe"]
+    assert out["facts"]["lengths"] and out["facts"]["concurrency"] == 4
+    for row in out["rows"]:
+        assert len(row["makespan"]) == 2 and min(row["makespan"]) > 0
+        tokens = sum(out["facts"]["lengths"])
+        assert abs(row["throughput"][0] - tokens / row["makespan"][0]) < 1e-6 * row["throughput"][0]
+        if row["name"] != "gpipe":
+            assert len(row["ttft_median"]) == 2 and 0 < row["ttft_median"][0] <= row["ttft_p90"][0]
+            assert 0 <= row["bubble_ratio"][0] < 1
+    assert out["rows"][0]["speedup"] == [1.0, 1.0]
