@@ -1,0 +1,68 @@
+"""Measured on this machine: the figures the issues ask for, regenerated in one command.
+
+    python benchmarks/measured.py [--quick]
+
+1. ``vpp prefill`` (tiny DeepSeek, 2 ranks x 1 thread, a long prompt where chunk latency grows
+   several-fold): CPP vs VPP vs VPP-Async, TTFT, bubble ratio, and the simulator replaying the measured
+   per-chunk costs.
+2. ``vpp serve-bench`` on the paper's long and mixed workloads scaled to this machine: CPP, DCPP, VPP,
+   VPP-Async, VPP-Async + packing and torch.distributed.pipelining's GPipe.
+
+Writes ``benchmarks/results/measured.md`` (tables, commands, load average) and ``measured.json``.
+Timings are medians [min-max] of interleaved rounds; see ../shared/BENCH.md for how we measure.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+JOBS = {
+    "prefill": ["prefill", "--model", "tiny-deepseek", "--pp", "2", "--seq-len", "12288", "--chunk-size", "1024",
+                "--repeat", "5", "--check"],
+    "stream-long": ["serve-bench", "--workload", "long", "--scale", "64", "--lengths", "65536,131072,262144,524288",
+                    "--chunk-size", "512", "--repeat", "3"],
+    "stream-mixed": ["serve-bench", "--workload", "mixed", "--scale", "64", "--n", "24", "--concurrency", "4",
+                     "--chunk-size", "512", "--repeat", "3", "--contenders", "cpp,dcpp,vpp,vpp-async,vpp-packed"],
+}
+QUICK = {"prefill": ["--seq-len", "4096", "--repeat", "2"], "stream-long": ["--lengths", "65536,131072", "--repeat", "1"],
+         "stream-mixed": ["--n", "8", "--repeat", "1"]}
+
+
+def run(job: str, quick: bool) -> tuple[str, str]:
+    args = JOBS[job] + (QUICK[job] if quick else [])
+    cmd = [sys.executable, "-m", "vpp", *args]
+    table = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return "vpp " + " ".join(args), table
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run, not a measurement)")
+    ap.add_argument("--jobs", default=",".join(JOBS))
+    args = ap.parse_args()
+    parts = ["# Measured on this machine", "",
+             f"`python benchmarks/measured.py{' --quick' if args.quick else ''}` on {os.cpu_count()} CPU cores, "
+             f"{time.strftime('%Y-%m-%d %H:%M')}; load average before: {os.getloadavg()[0]:.2f}.", ""]
+    record = {}
+    for job in args.jobs.split(","):
+        start = time.time()
+        command, table = run(job, args.quick)
+        record[job] = {"command": command, "table": table, "seconds": time.time() - start}
+        parts += [f"## {job}", "", f"`{command}` ({time.time() - start:.0f} s)", "", table.strip(), ""]
+        print(parts[-2], flush=True)
+    parts.append(f"Load average after: {os.getloadavg()[0]:.2f}.")
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "measured.md"), "w") as f:
+        f.write("\n".join(parts) + "\n")
+    with open(os.path.join(HERE, "results", "measured.json"), "w") as f:
+        json.dump(record, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
