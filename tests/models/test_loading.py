@@ -101,7 +101,8 @@ def _rewrite(src, dst, drop=(), add=None):
 def test_missing_and_unexpected_tensors_are_named(hf_cases, tmp_path):
     src = hf_cases["qwen3_moe"].path
     _rewrite(src, tmp_path / "bad", drop=["model.layers.1.self_attn.k_norm.weight"],
-             add={"model.layers.1.self_attn.extra.weight": torch.zeros(2), "model.layers.7.mlp.gate.weight": torch.zeros(2)})
+             add={"model.layers.1.self_attn.extra.weight": torch.zeros(2),
+                  "model.layers.7.mlp.gate.weight": torch.zeros(2)})
     with pytest.raises(ValueError) as err:
         load_stage(tmp_path / "bad", (0, 2), SINGLE)
     message = str(err.value)
