@@ -174,6 +174,13 @@ def test_config_and_shape_errors_carry_the_numbers():
         present = {n: torch.zeros(1) for n in moe.checkpoint_names("m.")
                    if not any(s in n for s in (".experts.3.", "bias", "shared_experts.up"))}
         moe.load_checkpoint(present.__getitem__, "m.")
+    shapes = {"gate.weight": (8, 32), "gate.e_score_correction_bias": (8,), "down_proj.weight": (32, 16)}
+    full = {n: torch.zeros(next((v for k, v in shapes.items() if n.endswith(k)), (16, 32)))
+            for n in moe.checkpoint_names("m.")}
+    moe.load_checkpoint(full.__getitem__, "m.")
+    full["m.experts.3.up_proj.weight"] = torch.zeros(12, 32)
+    with pytest.raises(ValueError, match=r"m.experts.3.up_proj.weight: checkpoint shape \(12, 32\), expected \(16, 32\)"):
+        moe.load_checkpoint(full.__getitem__, "m.")
 
 
 def test_token_split_is_balanced_and_contiguous():
@@ -261,6 +268,7 @@ def _check_all(groups: ParallelGroups, cases) -> tuple[int, dict]:
                     checks += 1
                 if isinstance(block, DenseMLP):
                     break  # dispatch does not apply
+                assert block(torch.zeros(0, 32)).shape == (0, 32)  # an empty chunk skips the collectives
     return checks, names
 
 

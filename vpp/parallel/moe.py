@@ -19,15 +19,19 @@ attention's all-reduce), and so is the output.
   weights and adds the shared expert (sharded over etp like the routed ones, on r's slice), the
   slice is reduced over etp and all-gathered over ep.
 
-Which is cheaper. Measured by ``benchmarks/moe_dispatch.py`` (2 gloo ranks, one thread each, tp=ep=2;
-table in ``benchmarks/results/moe_dispatch.md``): "allreduce" is as fast or faster at every token
-count, because the tokens are already replicated, so the all-to-all dispatch re-sends rows that the
-receiver holds, adds a count exchange (a host synchronisation) and two more collectives, and both
-modes do the same expert FLOPs. At TP8 on NVLink/HCCS "allreduce" is also the expected winner for
-prefill: per rank it moves ~2 x 7/8 of T x H, while "alltoall" moves ~2 x 7/8 x T k/8 x H in the two
-all-to-alls plus 7/8 of T x H in the all-gather (more for any k >= 2), and all-reduce is the
-collective those fabrics accelerate best. "alltoall" pays off when the input is not replicated
-(data-parallel attention, sequence parallelism) or the EP group crosses nodes.
+Which is cheaper: "allreduce", here and (expected) at TP8 on NVLink/HCCS. ``benchmarks/moe_dispatch.py``
+(2 gloo ranks x 1 thread, tp = ep = 2, k = 4; ``benchmarks/results/moe_dispatch.md``) measures
+"alltoall" 1.2-2.2x slower than "allreduce" at 64-4096 tokens (median per-round ratio): the input is
+already replicated, so the dispatch all-to-all re-sends rows the receiver holds, and both modes do
+the same expert FLOPs. Per rank and per layer a ring all-reduce sends 2 (tp-1)/tp x T x H elements;
+"alltoall" sends (ep-1)/ep x (2 T k/ep + T) x H (dispatch, combine, all-gather; plus an etp
+all-reduce of the slices when etp > 1). With tp = ep that is more whenever k > ep/2 -- 1.5x at
+TP8 = EP8 with k = 8 (Qwen3-MoE, DeepSeek-V3, GLM-5) -- and it adds a count exchange that waits on the
+host, while all-reduce is the collective NCCL/HCCL optimise best on those fabrics (NVLink SHARP
+reduces in the switch). The same runs show experts split over ep beating experts TP-sharded over the
+whole group (ep = 1) by 1.0-2.7x on CPU: with ep = 1 every rank gathers and scatters all T x k token
+copies. "alltoall" pays off when the input is not replicated (data-parallel attention, sequence
+parallelism) or the EP group crosses nodes.
 
 Loading. Unsharded Hugging Face checkpoints store experts one by one (``experts.{e}.gate_proj.weight``,
 ``.up_proj.weight``, ``.down_proj.weight``), the router as ``gate.weight`` (+ ``gate.e_score_correction_bias``)
@@ -40,6 +44,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vpp.parallel.comm import all_to_all, gather_from_tp, reduce_from_tp
@@ -57,7 +62,7 @@ class GroupedExperts(nn.Module):
     of G_e stacked on that of U_e) and ``down_proj`` [E_local, H, I/etp] (the matching columns of D_e).
 
     ``forward(x, counts)`` takes rows already grouped by local expert (``counts[e]`` rows for expert
-    e, in order) and returns each row's (partial, over etp) expert output, in the same order.
+    e, in order) and returns each row's expert output (partial over etp), in the same order.
     """
 
     def __init__(self, num_local: int, hidden_size: int, local_intermediate: int, hidden_act: str, *,
@@ -70,15 +75,17 @@ class GroupedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_local, hidden_size, local_intermediate,
                                                   dtype=dtype, device=device), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, counts: list[int], experts: list[int] | None = None) -> torch.Tensor:
+        """Rows come in consecutive segments, ``counts[i]`` rows for local expert ``experts[i]``
+        (default: segment i is expert i); returns each row's expert output, in the same order."""
         out = torch.empty_like(x)
         start = 0
-        for e, n in enumerate(counts):
+        for e, n in zip(range(len(counts)) if experts is None else experts, counts):
             if n == 0:
                 continue
             rows = x[start:start + n]
-            gate, up = torch.nn.functional.linear(rows, self.gate_up_proj[e]).chunk(2, dim=-1)
-            out[start:start + n] = torch.nn.functional.linear(self.act(gate) * up, self.down_proj[e])
+            gate, up = F.linear(rows, self.gate_up_proj[e]).chunk(2, dim=-1)
+            torch.mm(self.act(gate).mul_(up), self.down_proj[e].t(), out=out[start:start + n])
             start += n
         return out
 
@@ -131,7 +138,7 @@ class MoE(nn.Module):
         pairs, expert = pairs[order], expert[order]
         counts = torch.bincount(expert, minlength=self.num_local).tolist()
         tokens = pairs // self.cfg.top_k
-        y = self.experts(x[tokens], counts) * weights.flatten()[pairs].unsqueeze(1)
+        y = self.experts(x.index_select(0, tokens), counts).mul_(weights.flatten()[pairs].unsqueeze(1))
         out = torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
         if self.shared_experts is not None:
             out += self.shared_experts(x)
@@ -149,24 +156,15 @@ class MoE(nn.Module):
         sent = torch.bincount(ids.flatten(), minlength=self.cfg.num_experts).view(ep.size, self.num_local)
         received = all_to_all(sent, ep, [1] * ep.size, [1] * ep.size)  # [source, local expert]
         send_splits, recv_splits = sent.sum(1).tolist(), received.sum(1).tolist()
-        rows = all_to_all(mine[tokens], ep, send_splits, recv_splits)
-        y = self._run_received(rows, received)
-        y = all_to_all(y, ep, recv_splits, send_splits) * weights.flatten()[order].unsqueeze(1)
+        rows = all_to_all(mine.index_select(0, tokens), ep, send_splits, recv_splits)
+        # rows arrive grouped by source, then by local expert: run them segment by segment, in place
+        y = self.experts(rows, received.flatten().tolist(), list(range(self.num_local)) * ep.size)
+        y = all_to_all(y, ep, recv_splits, send_splits).mul_(weights.flatten()[order].unsqueeze(1))
         out = torch.zeros_like(mine).index_add_(0, tokens, y.to(x.dtype))
         if self.shared_experts is not None:
             out += self.shared_experts(mine)
         out = reduce_from_tp(out, self.groups.etp)
         return gather_rows(out, sizes, ep)
-
-    def _run_received(self, rows: torch.Tensor, received: torch.Tensor) -> torch.Tensor:
-        """Rows arrive grouped by source, then by local expert (``received[source, e]`` of each);
-        regroup them by expert, run the experts, and put the results back in arrival order."""
-        expert = torch.arange(self.num_local, device=rows.device).repeat(received.shape[0])
-        expert = torch.repeat_interleave(expert, received.flatten())
-        order = torch.argsort(expert, stable=True)
-        y = torch.empty_like(rows)
-        y[order] = self.experts(rows[order], received.sum(0).tolist())
-        return y
 
     # --- loading ---------------------------------------------------------------------------------
     def local_experts(self) -> range:
@@ -190,24 +188,18 @@ class MoE(nn.Module):
         unsharded tensors ``get_tensor(prefix + name)``. Only this rank's experts are read; missing
         tensors raise a KeyError naming them all."""
         full = read_tensors(get_tensor, self.checkpoint_names(prefix), f"MoE at {prefix!r}")
-        cfg = self.cfg
-        _copy(self.gate.weight, full[f"{prefix}gate.weight"], (cfg.num_experts, cfg.hidden_size), f"{prefix}gate.weight")
+        cfg, etp = self.cfg, self.groups.etp
+        h, inter = cfg.hidden_size, cfg.moe_intermediate_size
+        _copy(self.gate.weight, full, f"{prefix}gate.weight", (cfg.num_experts, h))
         if cfg.correction_bias:
-            name = f"{prefix}gate.e_score_correction_bias"
-            _copy(self.gate.e_score_correction_bias, full[name], (cfg.num_experts,), name)
-        rows, cols = Shard(0, self.groups.etp.rank, self.groups.etp.size), Shard(1, self.groups.etp.rank, self.groups.etp.size)
-        expected = {"gate_proj": (cfg.moe_intermediate_size, cfg.hidden_size),
-                    "up_proj": (cfg.moe_intermediate_size, cfg.hidden_size),
-                    "down_proj": (cfg.hidden_size, cfg.moe_intermediate_size)}
+            _copy(self.gate.e_score_correction_bias, full, f"{prefix}gate.e_score_correction_bias", (cfg.num_experts,))
+        rows, cols = Shard(0, etp.rank, etp.size), Shard(1, etp.rank, etp.size)
         for i, e in enumerate(self.local_experts()):
-            w = {}
-            for proj, shape in expected.items():
-                name = f"{prefix}experts.{e}.{proj}.weight"
-                if tuple(full[name].shape) != shape:
-                    raise ValueError(f"{name}: checkpoint shape {tuple(full[name].shape)}, expected {shape}")
-                w[proj] = full[name]
-            self.experts.gate_up_proj[i].copy_(torch.cat([rows.narrow(w["gate_proj"]), rows.narrow(w["up_proj"])]))
-            self.experts.down_proj[i].copy_(cols.narrow(w["down_proj"]))
+            name = f"{prefix}experts.{e}."
+            gate = rows.narrow(_checked(full, f"{name}gate_proj.weight", (inter, h)))
+            up = rows.narrow(_checked(full, f"{name}up_proj.weight", (inter, h)))
+            self.experts.gate_up_proj[i].copy_(torch.cat([gate, up]))
+            self.experts.down_proj[i].copy_(cols.narrow(_checked(full, f"{name}down_proj.weight", (h, inter))))
         if self.shared_experts is not None:
             self.shared_experts.load_checkpoint(full.__getitem__, f"{prefix}shared_experts.")
 
@@ -247,10 +239,14 @@ def gather_rows(x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
     return torch.cat([part[:n] for part, n in zip(parts, sizes)])
 
 
-def _copy(param: torch.Tensor, full: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
-    if tuple(full.shape) != shape:
-        raise ValueError(f"{name}: checkpoint shape {tuple(full.shape)}, expected {shape}")
-    param.copy_(full)
+def _checked(full: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    if tuple(full[name].shape) != shape:
+        raise ValueError(f"{name}: checkpoint shape {tuple(full[name].shape)}, expected {shape}")
+    return full[name]
+
+
+def _copy(param: torch.Tensor, full: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> None:
+    param.copy_(_checked(full, name, shape))
 
 
 __all__ = ["MoE", "MoEConfig", "DenseMLP", "GroupedExperts", "Router", "build_mlp", "is_moe_layer",
