@@ -204,7 +204,8 @@ def test_rope_matches_transformers(params):
 
 def test_rope_reads_the_legacy_spelling_and_rejects_unknown_types():
     legacy = {"rope_theta": 10000.0, "max_position_embeddings": 163840,
-              "rope_scaling": {"type": "yarn", **{k: v for k, v in YARN.items() if k not in ("rope_type", "rope_theta")}}}
+              "rope_scaling": {"type": "yarn",
+                               **{k: v for k, v in YARN.items() if k not in ("rope_type", "rope_theta")}}}
     assert RopeSpec.from_hf(legacy, 64) == RopeSpec.from_hf({"rope_parameters": YARN}, 64)
     with pytest.raises(ValueError, match="rope_type 'longrope' is not supported; supported: default, linear, yarn"):
         RopeSpec.from_hf({"rope_parameters": {"rope_type": "longrope"}}, 64)

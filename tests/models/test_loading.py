@@ -101,7 +101,8 @@ def _rewrite(src, dst, drop=(), add=None):
 def test_missing_and_unexpected_tensors_are_named(hf_cases, tmp_path):
     src = hf_cases["qwen3_moe"].path
     _rewrite(src, tmp_path / "bad", drop=["model.layers.1.self_attn.k_norm.weight"],
-             add={"model.layers.1.self_attn.extra.weight": torch.zeros(2), "model.layers.7.mlp.gate.weight": torch.zeros(2)})
+             add={"model.layers.1.self_attn.extra.weight": torch.zeros(2),
+                  "model.layers.7.mlp.gate.weight": torch.zeros(2)})
     with pytest.raises(ValueError) as err:
         load_stage(tmp_path / "bad", (0, 2), SINGLE)
     message = str(err.value)
@@ -146,12 +147,23 @@ def test_random_checkpoint_depends_only_on_seed_and_name():
         a("model.layers.9.mlp.gate.weight")
 
 
-@pytest.mark.parametrize("variant", ["qwen3_moe", "qwen3_moe-tied", "deepseek_v3", "deepseek_v32", "glm_moe_dsa"])
+VARIANTS = {
+    "qwen3_moe": {}, "qwen3_moe-tied": {"tie_word_embeddings": True}, "qwen3_moe-bias": {"attention_bias": True},
+    "deepseek_v3": {}, "deepseek_v3-bias": {"attention_bias": True}, "deepseek_v3-no-q-lora": {"q_lora_rank": None},
+    "deepseek_v32": {}, "glm_moe_dsa": {},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_save_checkpoint_round_trips_through_transformers(variant, tmp_path):
     from transformers import AutoModelForCausalLM
-    cfg = hf_dict(variant.split("-")[0])
-    cfg["tie_word_embeddings"] = variant.endswith("tied")
-    weights = random_checkpoint(cfg, 3)
+    cfg = {**hf_dict(variant.split("-")[0]), **VARIANTS[variant]}
+    random = random_checkpoint(cfg, 3)
+
+    def weights(name):  # random_checkpoint's biases are 0; make them count here
+        t = random(name)
+        return t + 0.1 * torch.randn(t.shape, generator=torch.Generator().manual_seed(len(name))) \
+            if name.endswith("proj.bias") or name.endswith("mqa.bias") else t
     save_checkpoint(cfg, weights, tmp_path)
     hf, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info

@@ -11,6 +11,10 @@ hidden states [c, hidden], or logits [c, vocab] on the last stage ([1, vocab] wi
 equal :meth:`Stage.cache_length`. One request per call, no batch dim; several requests may be in
 flight at once, each with its own caches, until :meth:`Stage.release` frees them.
 
+Caches live in the attention modules, one :class:`~vpp.parallel.attention.RequestCache` per layer
+keyed by request (GQA: post-RoPE K/V; MLA: the compressed latent; DSA adds the indexer keys); the
+stage only walks them. Rotary tables are computed once per call and shared by its layers.
+
 Parameter names keep the checkpoint's global layer indices (``model.layers.7.self_attn.q_proj.weight``
 on the stage holding layer 7), so they match the Hugging Face checkpoint names.
 """

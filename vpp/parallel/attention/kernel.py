@@ -65,7 +65,7 @@ def _bottom_right_mask(lq: int, lk: int, dtype: torch.dtype, device: torch.devic
     return _additive_mask(lq, lk, dtype)
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=2)  # lq x lk floats each (64 MiB at 1K x 16K): the current chunk shape, and one more
 def _additive_mask(lq: int, lk: int, dtype: torch.dtype) -> torch.Tensor:
     """0 where query i may see key j (j <= lk - lq + i), -inf elsewhere; built once per chunk shape
     and shared by every layer (SDPA would otherwise convert a boolean mask on every call)."""

@@ -6,7 +6,8 @@ indexer are replicated. Input and output are replicated over TP.
 
 Cache: the *compressed* latent, [tokens, kv_lora_rank + qk_rope_head_dim] per request (the normed
 c_kv and the rotated shared rope key), plus the indexer keys under DSA -- 576 numbers per token for
-DeepSeek-V3 instead of 2 x 128 heads x 192. It is replicated on the TP ranks (each computes it).
+DeepSeek-V3 instead of 128 heads x (192 + 128) for expanded K and V. It is replicated on the TP
+ranks (each computes it; sharding it would need an all-gather per chunk).
 A dense chunk up-projects the whole cached latent with kv_b_proj (this rank's heads) and runs the
 attention kernel on per-head K/V: O(prefix) extra work per chunk, linear like the attention
 itself. A sparse DSA chunk (prefix longer than index_topk) never expands: its queries are absorbed
