@@ -109,3 +109,13 @@ def test_dcpp_on_real_ranks_matches_the_reference():
 
 def test_streams_match_each_request_alone_tiny_deepseek():
     _check(run_distributed(_stream, 2, "tiny-deepseek", timeout=300), "tiny-deepseek")
+
+
+def test_real_stages_declare_their_positions_for_the_prompt_check():
+    from vpp.schedules.handshake import check_prompt, describe_stage
+    model = open_model("tiny-deepseek")
+    info = describe_stage(model.build((0, 2), ParallelGroups.single()))
+    assert info.max_positions == model.config["max_position_embeddings"] == 32768
+    too_long = torch.zeros(32769, dtype=torch.long)
+    assert check_prompt(too_long, info) == "prompt has 32769 tokens, more than the model's 32768 positions"
+    assert check_prompt(too_long[:100], info) is None

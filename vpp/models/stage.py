@@ -44,6 +44,8 @@ class Stage(nn.Module):
         self.layer_range = (indices[0], indices[-1] + 1)
         self.is_first, self.is_last = indices[0] == 0, indices[-1] == num_layers - 1
         self.hidden_size, self.vocab_size, self.dtype = hidden_size, vocab_size, dtype
+        # the longest prompt the model's positions cover (the pipeline checks prompts against it)
+        self.max_positions = self.config.get("max_position_embeddings")
         self.rope = rope
         self.model = nn.Module()
         kw = dict(dtype=dtype, device=device)
