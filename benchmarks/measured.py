@@ -6,7 +6,9 @@
    several-fold): CPP vs VPP vs VPP-Async, TTFT, bubble ratio, and the simulator replaying the measured
    per-chunk costs.
 2. ``vpp serve-bench`` on the paper's long and mixed workloads scaled to this machine: CPP, DCPP, VPP,
-   VPP-Async, VPP-Async + packing and torch.distributed.pipelining's GPipe.
+   VPP-Async, VPP-Async + packing and torch.distributed.pipelining's GPipe. The long workload twice:
+   growing lengths one at a time (nothing to pack), and the Sec. 6.4 ablation stream (equal long
+   requests, 3 in flight), where packing has a drain to fill.
 
 Writes ``benchmarks/results/measured.md`` (tables, commands, load average) and ``measured.json``.
 Timings are medians [min-max] of interleaved rounds; see ../shared/BENCH.md for how we measure.
@@ -26,11 +28,16 @@ JOBS = {
                 "--repeat", "5", "--check"],
     "stream-long": ["serve-bench", "--workload", "long", "--scale", "64", "--lengths", "65536,131072,262144,524288",
                     "--chunk-size", "512", "--repeat", "3"],
+    "stream-long-3": ["serve-bench", "--workload", "long", "--scale", "64", "--lengths", "262144,262144,262144,262144",
+                      "--concurrency", "3", "--chunk-size", "512", "--repeat", "3"],
     "stream-mixed": ["serve-bench", "--workload", "mixed", "--scale", "64", "--n", "24", "--concurrency", "4",
                      "--chunk-size", "512", "--repeat", "3", "--contenders", "cpp,dcpp,vpp,vpp-async,vpp-packed"],
 }
 QUICK = {"prefill": ["--seq-len", "4096", "--repeat", "2"], "stream-long": ["--lengths", "65536,131072", "--repeat", "1"],
-         "stream-mixed": ["--n", "8", "--repeat", "1"]}
+         "stream-long-3": ["--lengths", "65536,65536,65536", "--repeat", "1"],
+         "stream-long-3": ["serve-bench", "--workload", "long", "--scale", "64", "--lengths", "262144,262144,262144,262144",
+                      "--concurrency", "3", "--chunk-size", "512", "--repeat", "3"],
+    "stream-mixed": ["--n", "8", "--repeat", "1"]}
 
 
 def run(job: str, quick: bool) -> tuple[str, str]:
@@ -43,23 +50,34 @@ def run(job: str, quick: bool) -> tuple[str, str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run, not a measurement)")
-    ap.add_argument("--jobs", default=",".join(JOBS))
+    ap.add_argument("--jobs", default=",".join(JOBS), help="jobs to (re)run; the others keep their last results")
     args = ap.parse_args()
-    parts = ["# Measured on this machine", "",
-             f"`python benchmarks/measured.py{' --quick' if args.quick else ''}` on {os.cpu_count()} CPU cores, "
-             f"{time.strftime('%Y-%m-%d %H:%M')}; load average before: {os.getloadavg()[0]:.2f}.", ""]
+    out_dir = os.path.join(HERE, "results")
+    os.makedirs(out_dir, exist_ok=True)
+    json_path = os.path.join(out_dir, "measured.json")
     record = {}
+    if os.path.exists(json_path) and not args.quick:
+        with open(json_path) as f:
+            record = json.load(f)
     for job in args.jobs.split(","):
-        start = time.time()
+        load_before, start = os.getloadavg()[0], time.time()
         command, table = run(job, args.quick)
-        record[job] = {"command": command, "table": table, "seconds": time.time() - start}
-        parts += [f"## {job}", "", f"`{command}` ({time.time() - start:.0f} s)", "", table.strip(), ""]
-        print(parts[-2], flush=True)
-    parts.append(f"Load average after: {os.getloadavg()[0]:.2f}.")
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "measured.md"), "w") as f:
+        record[job] = {"command": command, "table": table, "seconds": time.time() - start,
+                       "when": time.strftime("%Y-%m-%d %H:%M"), "load_before": load_before,
+                       "load_after": os.getloadavg()[0]}
+        print(table, flush=True)
+    parts = ["# Measured on this machine", "",
+             f"`python benchmarks/measured.py{' --quick' if args.quick else ''}` on {os.cpu_count()} CPU cores. "
+             "Each section gives its command, when it ran and the 1-minute load average before and after.", ""]
+    for job in JOBS:
+        if job in record:
+            r = record[job]
+            parts += [f"## {job}", "", f"`{r['command']}` ({r['seconds']:.0f} s, {r.get('when', '?')}, load "
+                      f"{r.get('load_before', float('nan')):.2f} -> {r.get('load_after', float('nan')):.2f})", "",
+                      r["table"].strip(), ""]
+    with open(os.path.join(out_dir, "measured.md"), "w") as f:
         f.write("\n".join(parts) + "\n")
-    with open(os.path.join(HERE, "results", "measured.json"), "w") as f:
+    with open(json_path, "w") as f:
         json.dump(record, f, indent=2)
     return 0
 
