@@ -23,8 +23,9 @@ and its action, and the others stop within ``poll_s``; a rank that dies breaks t
 that hangs trips ``timeout_s``. Nothing hangs.
 
 The executor records the simulator's trace format (:mod:`.trace`): compute spans (after device
-synchronisation), blocked send/recv spans, zero-length spans where non-blocking ops were posted, and
-the scheduling overhead (time spent in the interpreter outside compute and communication).
+synchronisation), blocked send/recv spans, spans for posting non-blocking ops (gloo may move the data
+in the posting thread, so posting can take as long as the transfer), and the scheduling overhead
+(time spent in the interpreter outside compute and communication).
 """
 
 from __future__ import annotations
@@ -199,9 +200,11 @@ class Executor:
             end = self._now()
             self.spans.append(Span(self.me, "send", start, end, *a.key, peer=a.peer))
             return end - start
-        self.spans.append(Span(self.me, "send", start, start, *a.key, peer=a.peer))
+        # posting is not free: gloo may write the data out in this thread when the peer is ready
+        end = self._now()
+        self.spans.append(Span(self.me, "send", start, end, *a.key, peer=a.peer))
         self.sends.append((work, x, a))
-        return 0.0
+        return end - start
 
     def _recv(self, a: Action) -> float:
         hidden, dtype = self.hidden[a.stage]
@@ -216,9 +219,10 @@ class Executor:
             end = self._now()
             self.spans.append(Span(self.me, "recv", start, end, *a.key, peer=a.peer))
             return end - start
-        self.spans.append(Span(self.me, "recv", start, start, *a.key, peer=a.peer))
+        end = self._now()
+        self.spans.append(Span(self.me, "recv", start, end, *a.key, peer=a.peer))
         self.pending[a.key] = (work, a)
-        return 0.0
+        return end - start
 
     def _wait_recv(self, key: tuple) -> float:
         work, a = self.pending.pop(key)
