@@ -12,6 +12,7 @@ import argparse
 import time
 
 import torch
+import torch.distributed as dist
 
 from vpp.models.registry import open_model, snap_partition
 from vpp.parallel import initialize_model_parallel, launch, launched_by_torchrun
@@ -44,14 +45,12 @@ def sweep(rank: int, world: int, args) -> list[tuple] | None:
         wall = time.perf_counter() - start
         s = out.trace.summarize()
         token = int(out.logits.argmax()) if out.logits is not None else None
+        if world > 1:  # the logits live on the rank holding the last stage; share the token
+            everyone = [None] * world
+            dist.all_gather_object(everyone, token)
+            token = next(t for t in everyone if t is not None)
         rows.append((world, schedule, f"{kind} f={folds}", wall, s.makespan, s.bubble_ratio, token))
     return rows if groups.pp.rank == 0 else None
-
-
-def _merge(per_rank: list) -> list[tuple]:
-    """Rank 0's rows, with the first token taken from whichever rank held the last stage."""
-    rows = [r for r in per_rank if r is not None][0]
-    return rows
 
 
 if __name__ == "__main__":
@@ -66,5 +65,6 @@ if __name__ == "__main__":
     print("|---|---|---|---|---|---|---|")
     for pp in degrees:
         results = launch(sweep, pp or 0, args)
-        for world, schedule, layout, wall, makespan, bubble, token in _merge(results) or []:
+        rows = next(r for r in results if r is not None)
+        for world, schedule, layout, wall, makespan, bubble, token in rows:
             print(f"| {world} | {schedule} | {layout} | {wall:.2f} | {makespan:.2f} | {bubble:.1%} | {token} |")

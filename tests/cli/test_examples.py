@@ -1,0 +1,35 @@
+"""The example scripts run as a model author would run them (spawned CPU ranks, tiny models)."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _run(*args):
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("script", ["deepseek_prefill.py", "glm_prefill.py"])
+def test_family_examples_print_the_first_token(script):
+    out = _run(f"examples/{script}", "--seq-len", "384", "--chunk-size", "128")
+    assert re.search(r"first generated token: \d+", out), out
+
+
+def test_qwen_example_cpp_and_vpp_agree():
+    out = _run("examples/qwen_prefill.py", "--seq-len", "256", "--chunk-size", "64")
+    tokens = re.findall(r"(cpp|vpp): first token (\d+)", out)
+    assert [t[0] for t in tokens] == ["cpp", "vpp"] and tokens[0][1] == tokens[1][1], out
+
+
+def test_pp_sweep_rows_agree_on_the_first_token():
+    out = _run("examples/pp_sweep.py", "--seq-len", "256", "--chunk-size", "64", "--pp", "1,2")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| [12] \|", line)]
+    assert len(rows) >= 6
+    assert len({r[-1].strip() for r in rows}) == 1, out
