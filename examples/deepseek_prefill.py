@@ -12,22 +12,17 @@ import argparse
 
 import torch
 
-from vpp.models import build_stage, load_stage, model_config, random_checkpoint
-from vpp.models.tiny import TINY_CONFIGS
+from vpp.models.registry import open_model
 from vpp.parallel import initialize_model_parallel, launch
 from vpp.schedules import forward_vpp_prefill, make_layout
 
 
 def prefill(rank: int, world: int, args) -> None:
     groups = initialize_model_parallel(args.tp, args.pp)
-    config = model_config(args.model or TINY_CONFIGS["tiny-deepseek"])
-    layout = make_layout("v", config["num_hidden_layers"], args.pp)
-    mine = [layout.stage_layers[s] for s in layout.stages_of(groups.pp.rank)]
-    if args.model:
-        stages = [load_stage(args.model, r, groups) for r in mine]
-    else:
-        weights = random_checkpoint(config, seed=0)
-        stages = [build_stage(config, r, groups, weights=weights) for r in mine]
+    model = open_model(args.model or "tiny-deepseek")  # a model directory, or the built-in tiny model
+    config = model.config
+    layout = make_layout("v", model.num_layers, args.pp)
+    stages = model.stages(layout, groups)  # this rank's stages: a checkpoint's weights, or random ones
 
     prompt = torch.randint(0, config["vocab_size"], (args.seq_len,), generator=torch.Generator().manual_seed(0))
     out = forward_vpp_prefill(stages, prompt if groups.pp.rank == 0 else None, args.chunk_size, groups,

@@ -38,7 +38,7 @@ def sweep(rank: int, world: int, args) -> list[tuple] | None:
         except ValueError:
             continue
         layout = make_layout(kind, model.num_layers, world, folds=folds, partition=partition)
-        stages = [model.build(layout.stage_layers[s], groups) for s in layout.stages_of(groups.pp.rank)]
+        stages = model.stages(layout, groups)
         start = time.perf_counter()
         out = forward_prefill(stages, prompt if 0 in layout.stages_of(groups.pp.rank) else None,
                               args.chunk_size, groups, schedule=schedule, return_trace=True)

@@ -12,28 +12,20 @@ import argparse
 
 import torch
 
-from vpp.models import build_stage, load_stage, model_config, random_checkpoint
-from vpp.models.tiny import TINY_CONFIGS
+from vpp.models.registry import open_model
 from vpp.parallel import initialize_model_parallel, launch
 from vpp.schedules import forward_cpp_prefill, forward_vpp_prefill, make_layout
 
 
 def prefill(rank: int, world: int, args) -> None:
     groups = initialize_model_parallel(args.tp, args.pp, args.ep)
-    config = model_config(args.model or TINY_CONFIGS["tiny-qwen"])
-    weights = None if args.model else random_checkpoint(config, seed=0)
-
-    def stages_for(kind: str):
-        layout = make_layout(kind, config["num_hidden_layers"], args.pp)
-        ranges = [layout.stage_layers[s] for s in layout.stages_of(groups.pp.rank)]
-        if args.model:
-            return [load_stage(args.model, r, groups) for r in ranges]
-        return [build_stage(config, r, groups, weights=weights) for r in ranges]
+    model = open_model(args.model or "tiny-qwen")  # a model directory, or the built-in tiny model
+    config = model.config
 
     prompt = torch.randint(0, config["vocab_size"], (args.seq_len,), generator=torch.Generator().manual_seed(0))
     first = {}
     for name, kind, run in (("cpp", "loop", forward_cpp_prefill), ("vpp", "v", forward_vpp_prefill)):
-        stages = stages_for(kind)
+        stages = model.stages(make_layout(kind, model.num_layers, args.pp), groups)
         holds_first = any(s.is_first for s in stages)
         out = run(stages, prompt if holds_first else None, args.chunk_size, groups, return_trace=True)
         if out.logits is not None and groups.tp.rank == 0:

@@ -131,7 +131,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
         partition = snap_partition(model.num_layers, n_stages, model.stage_starts)
         layout = make_layout(kind, model.num_layers, groups.pp.size, folds=folds, partition=partition)
         layouts[sched] = layout
-        stages[sched] = [model.build(layout.stage_layers[s], groups) for s in layout.stages_of(groups.pp.rank)]
+        stages[sched] = model.stages(layout, groups)
     _say(groups, f"vpp prefill: {cfg.model}, tp={cfg.tp} pp={cfg.pp}, {cfg.seq_len} tokens in chunks of "
                  f"{cfg.chunk_size}; " + "; ".join(f"{s}: {layouts[s].describe()}" for s in cfg.schedules))
     hidden = stages[cfg.schedules[0]][0].hidden_size

@@ -93,7 +93,7 @@ def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[St
         n_stages = groups.pp.size * (1 if kind == "loop" else 2)
         layout = make_layout(kind, model.num_layers, groups.pp.size,
                              partition=snap_partition(model.num_layers, n_stages, model.stage_starts))
-        stages[name] = [model.build(layout.stage_layers[s], groups) for s in layout.stages_of(groups.pp.rank)]
+        stages[name] = model.stages(layout, groups)
     planner = profile_planner(stages["dcpp"], groups, cfg.chunk_size) if "dcpp" in cfg.contenders else None
     rows = {c: StreamRow(c) for c in cfg.contenders}
     _say(groups, f"stream: {wl.name}, {len(wl.lengths)} requests, {sum(wl.lengths)} tokens, concurrency "

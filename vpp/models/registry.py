@@ -24,6 +24,10 @@ class ModelSource:
     build: Callable[[tuple[int, int], ParallelGroups], torch.nn.Module]
     config: dict
 
+    def stages(self, layout, groups: ParallelGroups) -> list[torch.nn.Module]:
+        """This pipeline rank's stage modules for ``layout`` (a :class:`vpp.schedules.Layout`), in stage order."""
+        return [self.build(layout.stage_layers[s], groups) for s in layout.stages_of(groups.pp.rank)]
+
 
 def open_model(spec: str, *, dtype: torch.dtype = torch.float32, seed: int = 0,
                moe_dispatch: str = "allreduce") -> ModelSource:
