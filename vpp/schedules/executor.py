@@ -75,7 +75,8 @@ class Executor:
         for info in pipeline:
             for st in info.stages:
                 self.hidden[plan.layout.stage_of_layer(st.layer_range[0])] = (st.hidden_size, st.dtype)
-        self.watchdog = Watchdog(run_key, self.me, timeout_s=timeout_s, poll_s=poll_s)
+        self.watchdog = Watchdog(run_key, self.me, timeout_s=timeout_s, poll_s=poll_s,
+                                 pollable=groups.accelerator.backend != "gloo")
         self.device = groups.device
         self.progress = progress  # called with the number of chunks through stage 0 so far
         layout = plan.layout

@@ -6,6 +6,10 @@ wait runs in one helper thread while the rank's own thread checks, every ``poll_
 failure notice in the process group's key-value store (written by a rank that raised, naming itself
 and the action it was on) and its own deadline. A rank that dies outright breaks the connection, so
 the pending wait raises at once; a rank that hangs is caught by the deadline.
+
+On NCCL and HCCL ``wait()`` must run on the rank's own thread: it makes that thread's current stream
+wait for the transfer, and a helper thread would order the wrong stream. There ``is_completed()``
+works, so the rank polls it (with the same notice and deadline checks) and then waits in place.
 """
 
 from __future__ import annotations
@@ -40,9 +44,11 @@ class Watchdog:
     """Failure notices and bounded waits for one executor run, identified by ``run_key`` (the same
     on every rank of the run)."""
 
-    def __init__(self, run_key: str, rank: int, *, timeout_s: float, poll_s: float = 0.05):
+    def __init__(self, run_key: str, rank: int, *, timeout_s: float, poll_s: float = 0.05,
+                 pollable: bool = False):
         self.key = f"vpp/run/{run_key}/failed"
         self.rank, self.timeout_s, self.poll_s = rank, timeout_s, poll_s
+        self.pollable = pollable  # Work.is_completed() is meaningful (NCCL, HCCL), see the module docstring
         self.store = default_store()
         self._pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vpp-wait")
 
@@ -91,7 +97,7 @@ class Watchdog:
             if notice is not None:
                 raise ExecutionError(f"pipeline rank {self.rank} stopped at {what} because {notice}", action=what)
             if time.monotonic() > deadline:
-                raise ExecutionError(f"pipeline rank {self.rank} timed out after {self.timeout_s:.0f}s at {what} "
+                raise ExecutionError(f"pipeline rank {self.rank} timed out after {self.timeout_s:g}s at {what} "
                                      f"waiting for request {request} to finish on pipeline rank {peer}",
                                      rank=peer, action=what)
             time.sleep(min(self.poll_s, 0.005))
@@ -99,6 +105,8 @@ class Watchdog:
     def wait(self, work: dist.Work, what: str, peer: int | None) -> None:
         """``work.wait()``, but raise :class:`ExecutionError` when another rank reports a failure, the
         connection breaks, or ``timeout_s`` passes."""
+        if self.pollable:
+            return self._poll_then_wait(work, what, peer)
         future = self._pool.submit(work.wait)
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -112,11 +120,27 @@ class Watchdog:
                 cause = notice or f"pipeline rank {peer} stopped responding ({type(exc).__name__}: {exc})"
                 raise ExecutionError(f"pipeline rank {self.rank} gave up at {what}: {cause}",
                                      rank=peer, action=what) from exc
-            notice = self.failure_notice()
-            if notice is not None:
-                raise ExecutionError(f"pipeline rank {self.rank} stopped at {what} because {notice}",
-                                     action=what)
-            if time.monotonic() > deadline:
-                raise ExecutionError(
-                    f"pipeline rank {self.rank} timed out after {self.timeout_s:.0f}s at {what} waiting for "
-                    f"pipeline rank {peer}", rank=peer, action=what)
+            self._check(what, peer, deadline)
+
+    def _poll_then_wait(self, work: dist.Work, what: str, peer: int | None) -> None:
+        deadline, pause, checked = time.monotonic() + self.timeout_s, 1e-5, time.monotonic()
+        while not work.is_completed():
+            if time.monotonic() - checked >= self.poll_s:  # the store is a round trip: not every spin
+                self._check(what, peer, deadline)
+                checked = time.monotonic()
+            time.sleep(pause)
+            pause = min(pause * 2, self.poll_s)
+        try:
+            work.wait()
+        except Exception as exc:
+            cause = self.failure_notice() or f"pipeline rank {peer} stopped responding ({type(exc).__name__}: {exc})"
+            raise ExecutionError(f"pipeline rank {self.rank} gave up at {what}: {cause}", rank=peer, action=what) from exc
+
+    def _check(self, what: str, peer: int | None, deadline: float) -> None:
+        notice = self.failure_notice()
+        if notice is not None:
+            raise ExecutionError(f"pipeline rank {self.rank} stopped at {what} because {notice}", action=what)
+        if time.monotonic() > deadline:
+            raise ExecutionError(
+                f"pipeline rank {self.rank} timed out after {self.timeout_s:g}s at {what} waiting for "
+                f"pipeline rank {peer}", rank=peer, action=what)
