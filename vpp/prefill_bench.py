@@ -21,7 +21,7 @@ import torch.distributed as dist
 from vpp.models.registry import open_model, snap_partition
 from vpp.parallel.comm import irecv, isend
 from vpp.parallel.groups import ParallelGroups
-from vpp.schedules import LinearCost, TableCost, make_layout, simulate
+from vpp.schedules import TableCost, make_layout, simulate
 from vpp.schedules.api import forward_prefill
 
 LAYOUT_OF = {"cpp": "loop", "vpp": "v", "vpp-async": "v"}

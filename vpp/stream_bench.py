@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ import torch.distributed as dist
 
 from vpp.models.registry import open_model, snap_partition
 from vpp.parallel.groups import ParallelGroups
+from vpp.prefill_bench import _gather, _say
 from vpp.schedules import make_layout, stream_stats, workloads
 from vpp.schedules.api import forward_prefill
 from vpp.schedules.dcpp_runtime import profile_planner
@@ -126,14 +126,14 @@ def _run_round(groups, cfg, stages, planner, prompts, wl, *, warmup: bool) -> di
             for q, p in enumerate(prompts):
                 gpipe_prefill(mine[0], p if holds_first else None, min(cfg.chunk_size, p.numel()), p.numel(),
                               groups, request=q)
-            makespan = max(_gather(time.perf_counter() - start))
+            makespan = max(_gather(groups, time.perf_counter() - start))
             stats, bubble = None, None
         else:
             chunking = planner.chunk_sizes if name == "dcpp" else cfg.chunk_size
             res = forward_prefill(mine, prompts if holds_first else None, chunking, groups,
                                   schedule="cpp" if name == "dcpp" else name, arrivals=arrivals,
                                   concurrency=concurrency, return_trace=True, timeout_s=cfg.timeout_s)
-            makespan = max(_gather(time.perf_counter() - start))
+            makespan = max(_gather(groups, time.perf_counter() - start))
             stats, bubble = stream_stats(res.trace, res.plan), res.trace.summarize().bubble_ratio
         for st in mine:
             for q in range(len(prompts)):
@@ -143,14 +143,3 @@ def _run_round(groups, cfg, stages, planner, prompts, wl, *, warmup: bool) -> di
             if stats is not None:
                 out[name].update(ttft_median=stats.ttft_median, ttft_p90=stats.ttft_p90, bubble_ratio=bubble)
     return out
-
-
-def _gather(value):
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
-
-
-def _say(groups: ParallelGroups, text: str) -> None:
-    if groups.global_rank == 0:
-        print(text, file=sys.stderr, flush=True)

@@ -24,19 +24,18 @@ the shift of W'_3:
     makespan(sequential) - makespan(packed) = 13 t - max(12 - N, 5) t = 6, 7, 8, 8 t for N = 5, 6, 7, 8.
 """
 
-from collections import Counter
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vpp.schedules import (COMPUTE, HANDOFF, RECV, SEND, LinearCost, PlanError, Request, build_cpp, build_vpp,
+from vpp.schedules import (COMPUTE, LinearCost, PlanError, Request, build_cpp, build_vpp,
                            build_vpp_async, build_vpp_packed, chunk_requests, drain_idle, drain_windows,
                            live_requests, make_layout, packed_chunks, request_done_times, request_ttft, simulate,
                            stream_stats, summarize, verify)
 from vpp.schedules.ir import replace_actions
 from vpp.schedules.packing import default_cost
 from vpp.schedules.summary import timeline
+from tests.schedules.test_builders import check_runs_everything_once
 
 C = 100
 
@@ -79,22 +78,6 @@ def folded_layouts(draw):
     return make_layout(kind, 2 * folds * pp + draw(st.integers(0, 2)), pp, folds=folds)
 
 
-def check_every_action_once(plan):
-    layout, counts = plan.layout, Counter()
-    for acts in plan.actions:
-        for a in acts:
-            counts[(a.op, a.key)] += 1
-    assert set(counts.values()) == {1}
-    for q in plan.requests:
-        for c in range(q.num_chunks):
-            for s in range(layout.num_stages):
-                assert counts[(COMPUTE, (s, q.id, c))] == 1
-                if s < layout.last_stage:
-                    local = layout.is_local_hop(s)
-                    assert counts[(HANDOFF, (s, q.id, c))] == int(local)
-                    assert counts[(SEND, (s, q.id, c))] == counts[(RECV, (s, q.id, c))] == int(not local)
-
-
 def check_chunks_in_order(plan):
     """On every stage each request's chunks run in order, and requests enter every stage in plan order."""
     rank_of = {q.id: i for i, q in enumerate(plan.requests)}
@@ -112,7 +95,7 @@ def test_packed_plans_verify_and_keep_every_order(layout, requests, concurrency,
     plan = build_vpp_packed(layout, requests, cost=cost if with_cost else None, concurrency=concurrency)
     for semantics in ("async", "serial", "blocking"):
         verify(plan, semantics=semantics)
-    check_every_action_once(plan)
+    check_runs_everything_once(plan)
     check_chunks_in_order(plan)
     trace = simulate(plan, cost)
     done = request_done_times(trace, plan)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .ir import COMPUTE, Plan
+from .ir import Plan
 from .summary import timeline
 from .trace import Trace
 
