@@ -19,14 +19,15 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from vpp.perf import paper  # noqa: E402
-from vpp.perf.fit import fit_cpp  # noqa: E402
-from vpp.perf.report import figure, kib, md_table, pct, save  # noqa: E402
+from vpp.bench import paper  # noqa: E402
+from vpp.plan import strategies  # noqa: E402
+from vpp.bench.fit import fit_cpp  # noqa: E402
+from _report import figure, kib, md_table, pct, save  # noqa: E402
 from vpp.perf.runs import Setup, run  # noqa: E402
-from vpp.perf.sweep import MODELS, at, best, fitted_setups, paper_setup, sweep  # noqa: E402
+from vpp.bench.sweep import MODELS, at, best, fitted_setups, paper_setup, sweep  # noqa: E402
 
-STRATS = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-async-packed")
-LABEL = {"cpp": "CPP", "dcpp": "DCPP", "vpp": "VPP", "vpp-async": "VPP-Async", "vpp-async-packed": "VPP-Async+pack"}
+STRATS = strategies.PLANNED
+LABEL = {s: strategies.get(s).label for s in STRATS}
 TOL = 0.10
 
 
@@ -141,7 +142,7 @@ def section_sweep(points) -> str:
             cell = lambda s: None if b[s] is None else f"{b[s].row.total:.1f} [{kib(b[s].chunk)}]"
             c, d, a = (b[s].row.total for s in ("cpp", "dcpp", "vpp-async"))
             body.append([kib(L), cell("cpp"), cell("dcpp"), cell("vpp"), cell("vpp-async"),
-                         cell("vpp-async-packed"),
+                         cell("vpp-packed"),
                          f"{100 * (c - d) / c:+.1f}%", f"{100 * (d - a) / d:+.1f}%", f"{100 * (c - a) / c:+.1f}%"])
         lines += [f"### {model}", "", f"Paper: {claims[model]}.", "",
                   md_table(["length", "CPP", "DCPP", "VPP", "VPP-Async", "VPP-Async+pack", "DCPP vs CPP",
@@ -168,7 +169,7 @@ def section_chunks(points) -> str:
 
 def section_ablation(setups) -> str:
     ds = setups["deepseek-v3.1"]
-    rows = {s: run(ds, s, [262144] * 3, 32768) for s in ("vpp", "vpp-async", "vpp-async-packed")}
+    rows = {s: run(ds, s, [262144] * 3, 32768) for s in ("vpp", "vpp-async", "vpp-packed")}
     A = paper.ABLATION_256K
     v = rows["vpp"].row.total
     body = []

@@ -30,8 +30,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's vpp
 
-from vpp.schedules import workloads as W
-from vpp.schedules.stream_compare import (EXTRA, LABELS, STRATEGIES, StreamSetup, compare, format_effect, format_table,
+from vpp.plan import strategies, workloads as W  # noqa: E402
+from vpp.bench.stream_sim import (EXTRA, STRATEGIES, StreamSetup, compare, format_effect, format_table,
                                           packing_effect)
 
 
@@ -55,7 +55,7 @@ def deeper(scale: float, requests: int, chunk: int) -> str:
         setup = StreamSetup(pp=pp, folds=folds, layers=4 * pp * folds, chunk_size=chunk)  # 2 layers per V stage
         rows = compare(setup, wl, STRATEGIES + ("vpp-async-pipelined",))
         e = packing_effect(rows)
-        a, p = rows["vpp-async"], rows["vpp-async-packed"]
+        a, p = rows["vpp-async"], rows["vpp-packed"]
         base = min(rows["cpp"].stats.makespan, rows["dcpp"].stats.makespan)
         lines.append(f"| P={pp}, folds={folds}, {setup.layers} layers | {a.stats.makespan:.2f} | {p.stats.makespan:.2f} | "
                      f"{100 * e['makespan_saved']:.1f}% | {e['packed_chunks']} | {100 * e['drain_idle_removed']:.1f}% | "
@@ -75,7 +75,7 @@ def main() -> int:
     args = ap.parse_args()
     chunk = int(round(32768 / args.scale))
     setup = StreamSetup(chunk_size=chunk)
-    parts = [f"# Simulated request streams: {', '.join(LABELS[s] for s in STRATEGIES)}", "",
+    parts = [f"# Simulated request streams: {', '.join(strategies.get(s).label for s in STRATEGIES)}", "",
              "`" + " ".join(["python benchmarks/stream_sim.py"] + sys.argv[1:]) + "`", "",
              "Cost model: this machine's per-layer law (BENCH.md): a 1K-token chunk takes 89 ms per layer after "
              "no prefix and 34 ms more per 1K of prefix (attention 34 ms per 1K x 1K token pairs, half of it "

@@ -11,9 +11,11 @@ Vocabulary (used the same way in every module, docstring and error message):
 * ``layer``   -- a transformer layer, numbered globally as in the checkpoint (0 .. num_layers-1).
 * ``axis``    -- a mesh axis (``tp``, ``pp``, ``ep``, ``dp``); ``dim`` -- a tensor dimension.
 
-Sub-packages: :mod:`vpp.parallel` (who talks to whom), :mod:`vpp.schedules` (what runs when),
-:mod:`vpp.models` (what is computed). Data flows one way: parallel <- models, and schedules never
-import a model's internals.
+Rooms, top to bottom (a room imports only rooms below it; README "Layout"): :mod:`vpp.cli`,
+:mod:`vpp.schedules` (the public API re-exports), :mod:`vpp.bench` (measurement harness),
+:mod:`vpp.runtime` (plans on process groups), :mod:`vpp.perf` (paper-scale cost model),
+:mod:`vpp.models` (what is computed), :mod:`vpp.parallel` (who talks to whom), :mod:`vpp.plan`
+(what runs when, as data) and :mod:`vpp.config` (the Hugging Face config reader).
 """
 
 __version__ = "0.1.0"

@@ -1,5 +1,6 @@
 """``vpp prefill`` end to end on spawned CPU ranks (toy model: fast), and its --check verdict."""
 
+import pytest
 import json
 import subprocess
 import sys
@@ -7,11 +8,12 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-from vpp.cli_prefill import report
+from vpp.cli.prefill import report
 from vpp.models.toy import ToyStage
-from vpp.prefill_bench import BenchConfig, Row
+from vpp.bench.prefill import BenchConfig, Row
 
 
+@pytest.mark.slow
 def test_prefill_command_runs_every_schedule_and_checks_logits(tmp_path):
     logits_file, trace_dir = tmp_path / "logits.safetensors", tmp_path / "trace"
     proc = subprocess.run(

@@ -1,9 +1,12 @@
 """``vpp serve-bench`` end to end on spawned CPU ranks with the toy model: every contender runs the
 stream and reports makespan, throughput and (for vpp's own schedules) TTFT and bubble ratio."""
 
+import pytest
 import json
 import subprocess
 import sys
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def test_serve_bench_runs_every_contender():

@@ -213,6 +213,7 @@ def test_rope_reads_the_legacy_spelling_and_rejects_unknown_types():
 
 @pytest.mark.parametrize("check", [("gqa", 4, 2), ("gqa", 4, 1), ("gqa", 2, 2), ("mla",), ("dsa",)],
                          ids=["gqa-kv-split", "gqa-kv-replicated", "gqa-one-head-per-rank", "mla", "dsa"])
+@pytest.mark.slow
 def test_tp2_attention_equals_unsharded(check, tp2_results):
     for rank, res in enumerate(tp2_results):
         assert res[check] < 1e-5, f"rank {rank}: max abs error {res[check]:.2e}"

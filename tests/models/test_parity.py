@@ -87,6 +87,7 @@ def test_pipeline_stages_chain_tp1(model_type, hf_cases):
     torch.testing.assert_close(torch.cat(outs), ref, **TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 @pytest.mark.parametrize("ep,dispatch", MOE_LAYOUTS)
 def test_chunked_prefill_matches_transformers_tp2(model_type, ep, dispatch, tp2_results):
@@ -99,6 +100,7 @@ def test_chunked_prefill_matches_transformers_tp2(model_type, ep, dispatch, tp2_
         assert res[(model_type, ep, dispatch, "released")] == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_pipeline_stages_chain_tp2(model_type, tp2_results):
     for res in tp2_results:

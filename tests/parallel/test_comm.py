@@ -66,20 +66,24 @@ def _grid_on_four(rank, world_size):
     return (groups.tp.ranks, groups.pp.ranks, groups.ep.ranks, groups.tp.rank, groups.pp.rank)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_tp_verbs(world):
     assert all(run_distributed(_tp_verbs, world, timeout=60))
 
 
+@pytest.mark.slow
 def test_all_to_all_native_and_fallback_agree_on_uneven_splits():
     assert all(run_distributed(_all_to_all_both_ways, 3, timeout=60))
 
 
+@pytest.mark.slow
 def test_two_ranks_that_both_send_first_do_not_deadlock():
     # separate directional groups exist (the V's two comm groups)
     assert all(run_distributed(_both_send_first, 2, timeout=60))
 
 
+@pytest.mark.slow
 def test_initialize_model_parallel_places_ranks_on_the_grid():
     out = run_distributed(_grid_on_four, 4, timeout=60)
     assert out[0] == ((0, 1), (0, 2), (0, 1), 0, 0)
@@ -105,6 +109,7 @@ def test_cpu_is_chosen_without_torch_npu():
             get_accelerator("npu")
 
 
+@pytest.mark.slow
 def test_torchrun_env_init(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(

@@ -9,6 +9,8 @@ import torch.distributed as dist
 
 from vpp.parallel import RankFailure, run_distributed
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 def _sum_of_ranks(rank, world_size, scale):
     x = torch.tensor([float(rank)])

@@ -72,6 +72,7 @@ def _check_layers(rank, world_size):
     return tp.size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_tp_layers_match_dense_reference(tp):
     assert run_distributed(_check_layers, tp, timeout=120) == [tp] * tp

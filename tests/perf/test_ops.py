@@ -6,16 +6,9 @@ from vpp.perf.arch import Arch
 from vpp.perf.configs import get_config
 from vpp.perf.ops import Parallel, causal_pairs, embed_ops, head_ops, layer_ops, pp_message_bytes, sparse_pairs
 
-TINY_MLA = {"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 48, "moe_intermediate_size": 16,
-            "num_hidden_layers": 2, "first_k_dense_replace": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
-            "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
-            "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "vocab_size": 100}
-TINY_DSA = {**TINY_MLA, "model_type": "glm_moe_dsa", "index_topk": 8, "index_head_dim": 8, "index_n_heads": 2}
-TINY_GQA = {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 48, "moe_intermediate_size": 16,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-            "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 100}
-PAR = Parallel(tp=2, weight_bytes=1)
+from tests.perf.archs import TINY_DSA, TINY_GQA, TINY_MLA
 
+PAR = Parallel(tp=2, weight_bytes=1)
 
 def ops_by_name(cfg, layer, c, L, par=PAR):
     return {op.name: op for op in layer_ops(Arch.from_config(cfg), layer, c, L, par)}

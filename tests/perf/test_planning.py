@@ -10,8 +10,7 @@ from vpp.perf.runs import Setup, run
 from vpp.perf.taper import best_taper, tapered_sizes
 from vpp.perf.tune import Candidate, evaluate, paper_best, tune
 
-from test_cost import DEV
-from test_ops import TINY_GQA, TINY_MLA
+from tests.perf.archs import DEV, TINY_GQA, TINY_MLA
 
 
 def test_tapered_sizes():

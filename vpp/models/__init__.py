@@ -12,7 +12,7 @@ from vpp.models.build import (
     save_checkpoint, stage_starts,
 )
 from vpp.models.checkpoint import RandomCheckpoint, SafetensorsCheckpoint, WeightSource
-from vpp.models.config import SUPPORTED_MODEL_TYPES, load_config
+from vpp.config import SUPPORTED_MODEL_TYPES
 from vpp.models.registry import BUILTIN, ModelSource, open_model, snap_partition
 from vpp.models.stage import Stage
 from vpp.models.tiny import TINY_CONFIGS
@@ -21,5 +21,5 @@ __all__ = [
     "BUILTIN", "ModelSource", "open_model", "snap_partition",
     "SUPPORTED_MODEL_TYPES", "FAMILIES", "Stage", "build_stage", "load_stage", "load_weights", "model_config",
     "checkpoint_shapes", "stage_starts", "random_checkpoint", "save_checkpoint", "RandomCheckpoint",
-    "SafetensorsCheckpoint", "WeightSource", "load_config", "TINY_CONFIGS",
+    "SafetensorsCheckpoint", "WeightSource", "TINY_CONFIGS",
 ]

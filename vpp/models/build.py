@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 import torch
 
+from vpp import config as hf
+from vpp.config import SUPPORTED_MODEL_TYPES, Config, ConfigLike, check_layer_range
 from vpp.models import deepseek, qwen3_moe
 from vpp.models.blocks import Shapes, global_tensors
 from vpp.models.checkpoint import (
     RandomCheckpoint, SafetensorsCheckpoint, WeightSource, as_source, save_safetensors,
 )
-from vpp.models.config import SUPPORTED_MODEL_TYPES, Config, check_layer_range, load_config
 from vpp.models.stage import Stage
 from vpp.parallel.attention import RotaryEmbedding
 from vpp.parallel.groups import ParallelGroups
@@ -28,21 +29,18 @@ from vpp.parallel.sharding import shard_spec_of
 FAMILIES = {t: family for family in (qwen3_moe, deepseek) for t in family.MODEL_TYPES}
 assert set(FAMILIES) == set(SUPPORTED_MODEL_TYPES)
 
-ConfigLike = Mapping[str, Any] | str | Path
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def model_config(config: ConfigLike) -> Config:
-    """The config dict with the family's defaults filled in (and derived keys such as head_dim)."""
-    raw = load_config(config)
-    return FAMILIES[raw["model_type"]].config(raw)
+    """The normalised config (:func:`vpp.config.model_config`: defaults, derived keys, checks)."""
+    return hf.model_config(config)
 
 
 def stage_starts(config: ConfigLike) -> list[int]:
     """Layers a stage may start at: all of them, except GLM-5's shared-indexer layers, which reuse
     the top-k of the layer before them and so cannot begin a stage."""
-    cfg = model_config(config)
-    return FAMILIES[cfg["model_type"]].stage_starts(cfg)
+    return hf.stage_starts(model_config(config))
 
 
 def checkpoint_shapes(config: ConfigLike, layer_range: tuple[int, int] | None = None) -> Shapes:
@@ -71,10 +69,10 @@ def build_stage(config: ConfigLike, layer_range: tuple[int, int], groups: Parall
     family = FAMILIES[cfg["model_type"]]
     n = cfg["num_hidden_layers"]
     start, end = check_layer_range(layer_range, n)
-    if start not in family.stage_starts(cfg):
+    if start not in hf.stage_starts(cfg):
         raise ValueError(
             f"a stage cannot start at layer {start}: indexer_types[{start}]={cfg['indexer_types'][start]!r} "
-            f"reuses the top-k of layer {start - 1}; stages may start at layers {family.stage_starts(cfg)}")
+            f"reuses the top-k of layer {start - 1}; stages may start at layers {hf.stage_starts(cfg)}")
     device = device if device is not None else groups.device
     kw = dict(dtype=dtype, device=device)
     layers = {i: family.build_layer(cfg, i, groups, moe_dispatch=moe_dispatch, **kw) for i in range(start, end)}
@@ -99,7 +97,7 @@ def random_checkpoint(config: ConfigLike, seed: int = 0) -> RandomCheckpoint:
 
 def save_checkpoint(config: ConfigLike, get_tensor: Callable[[str], torch.Tensor], out_dir: str | Path) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (HF naming) for ``get_tensor``'s weights."""
-    return save_safetensors(checkpoint_shapes(config), get_tensor, load_config(config), out_dir)
+    return save_safetensors(checkpoint_shapes(config), get_tensor, hf.read_config(config), out_dir)
 
 
 @torch.no_grad()

@@ -7,68 +7,24 @@
   picks ``index_topk`` keys per query.
 * ``glm_moe_dsa`` (GLM-5): as V3.2, with an interleaved-RoPE indexer, and ``indexer_types``: a
   ``"shared"`` layer has no indexer and reuses the top-k of the previous ``"full"`` layer. A stage
-  must therefore start at a full layer (:func:`stage_starts`).
+  must therefore start at a full layer (:func:`vpp.config.stage_starts`).
+
+Configs come normalised from :func:`vpp.config.model_config` (defaults, ``indexer_types``,
+``mlp_layer_types``); this module only builds layers and names their tensors.
 """
 
 from __future__ import annotations
 
-from vpp.models.blocks import DecoderLayer, Shapes, mlp_tensors, norm_tensors
-from vpp.models.config import Config, with_defaults
+from vpp.config import DSA_TYPES, Config
+from vpp.models.blocks import DecoderLayer, Shapes, build_mlp, mlp_tensors, norm_tensors
 from vpp.parallel.attention import DSASpec, MLASpec, MLAttention, RopeSpec
 from vpp.parallel.groups import ParallelGroups
-from vpp.parallel.moe import build_mlp
 
 MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
-DSA_TYPES = ("deepseek_v32", "glm_moe_dsa")
-
-# transformers 5.x class defaults for the keys read here (DeepSeek-V3; GLM-5 overrides a few)
-DEFAULTS = {
-    "vocab_size": 129280, "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
-    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-    "v_head_dim": 128, "rms_norm_eps": 1e-6, "attention_bias": False, "rope_interleave": True,
-    "tie_word_embeddings": False, "max_position_embeddings": 4096,
-    "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64, "num_nextn_predict_layers": 1,
-}
-GLM_DEFAULTS = {**DEFAULTS, "vocab_size": 154880, "hidden_size": 6144, "num_hidden_layers": 78,
-                "num_attention_heads": 64, "q_lora_rank": 2048, "qk_nope_head_dim": 192, "v_head_dim": 256,
-                "rms_norm_eps": 1e-5, "max_position_embeddings": 202752, "index_n_heads": 32}
-
-
-def config(raw: dict) -> Config:
-    cfg = with_defaults(raw, GLM_DEFAULTS if raw["model_type"] == "glm_moe_dsa" else DEFAULTS)
-    if cfg["model_type"] != "deepseek_v3":
-        cfg["rope_interleave"] = True  # V3.2 and GLM-5 always interleave MLA's rope dims
-    if cfg["model_type"] in DSA_TYPES:
-        cfg["indexer_types"] = indexer_types(cfg)
-    return cfg
-
-
-def indexer_types(cfg: Config) -> list[str]:
-    """Per layer, ``"full"`` (own indexer) or ``"shared"`` (GLM-5: reuse the previous full layer's)."""
-    n = cfg["num_hidden_layers"]
-    if cfg["model_type"] != "glm_moe_dsa":
-        return ["full"] * n
-    if cfg.get("indexer_types"):
-        types = list(cfg["indexer_types"])
-    elif cfg.get("index_topk_pattern") is not None:
-        pattern = cfg["index_topk_pattern"]
-        types = [{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str) else list(pattern)
-    else:
-        freq, offset = max(cfg.get("index_topk_freq", 1), 1), cfg.get("index_skip_topk_offset", 2)
-        types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
-    if len(types) != n or types[0] != "full" or set(types) - {"full", "shared"}:
-        raise ValueError(f"indexer_types must give 'full' or 'shared' for each of {n} layers, starting "
-                         f"with 'full'; got {types}")
-    return types
 
 
 def rope_spec(cfg: Config) -> RopeSpec:
     return RopeSpec.from_hf(cfg, cfg["qk_rope_head_dim"])
-
-
-def stage_starts(cfg: Config) -> list[int]:
-    types = cfg.get("indexer_types") or ["full"] * cfg["num_hidden_layers"]
-    return [i for i, t in enumerate(types) if t == "full"]
 
 
 def build_layer(cfg: Config, layer: int, groups: ParallelGroups, *, dtype, device, moe_dispatch: str) -> DecoderLayer:

@@ -3,37 +3,16 @@ expert) on every ``decoder_sparse_step``-th layer outside ``mlp_only_layers``, d
 
 from __future__ import annotations
 
-from vpp.models.blocks import DecoderLayer, Shapes, mlp_tensors, norm_tensors
-from vpp.models.config import Config, with_defaults
+from vpp.config import Config
+from vpp.models.blocks import DecoderLayer, Shapes, build_mlp, mlp_tensors, norm_tensors
 from vpp.parallel.attention import GQAttention, RopeSpec
 from vpp.parallel.groups import ParallelGroups
-from vpp.parallel.moe import build_mlp
 
 MODEL_TYPES = ("qwen3_moe",)
-
-# transformers 5.x Qwen3MoeConfig defaults for the keys read here
-DEFAULTS = {
-    "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32,
-    "num_key_value_heads": 4, "head_dim": None, "rms_norm_eps": 1e-6, "attention_bias": False,
-    "tie_word_embeddings": False, "max_position_embeddings": 32768, "use_sliding_window": False,
-}
-
-
-def config(raw: dict) -> Config:
-    cfg = with_defaults(raw, DEFAULTS)
-    if cfg["use_sliding_window"]:
-        raise ValueError("qwen3_moe with use_sliding_window=true is not supported")
-    if cfg["head_dim"] is None:
-        cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
-    return cfg
 
 
 def rope_spec(cfg: Config) -> RopeSpec:
     return RopeSpec.from_hf(cfg, cfg["head_dim"])
-
-
-def stage_starts(cfg: Config) -> list[int]:
-    return list(range(cfg["num_hidden_layers"]))
 
 
 def build_layer(cfg: Config, layer: int, groups: ParallelGroups, *, dtype, device, moe_dispatch: str) -> DecoderLayer:

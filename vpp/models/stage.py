@@ -101,8 +101,5 @@ class Stage(nn.Module):
         for cache in self._caches():
             cache.release(request)
 
-    def cache_nbytes(self, request: Hashable) -> int:
-        return sum(cache.nbytes(request) for cache in self._caches())
-
     def extra_repr(self) -> str:
         return f"layers=[{self.layer_range[0]}, {self.layer_range[1]}), first={self.is_first}, last={self.is_last}"

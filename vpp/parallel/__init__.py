@@ -6,12 +6,7 @@ from vpp.parallel.comm import (
 )
 from vpp.parallel.device import Accelerator, get_accelerator
 from vpp.parallel.grid import GridSizes, coordinates, rank_groups
-from vpp.parallel.groups import (
-    Group, ParallelGroups, build_groups, get_default_groups, get_expert_model_parallel_group,
-    get_pipeline_model_parallel_group, get_pipeline_model_parallel_rank,
-    get_pipeline_model_parallel_world_size, get_tensor_model_parallel_group,
-    get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size, initialize_model_parallel,
-)
+from vpp.parallel.groups import Group, ParallelGroups, build_groups, get_default_groups, initialize_model_parallel
 from vpp.parallel.launch import RankFailure, init_distributed, launch, launched_by_torchrun, run_distributed
 from vpp.parallel.layers import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from vpp.parallel.sharding import Shard, load_param, load_state

@@ -65,14 +65,6 @@ class ParallelGroups:
             return self.pp_up
         return self.pp
 
-    @property
-    def is_first_pp_rank(self) -> bool:
-        return self.pp.rank == 0
-
-    @property
-    def is_last_pp_rank(self) -> bool:
-        return self.pp.rank == self.pp.size - 1
-
     @staticmethod
     def single(accelerator: Accelerator | None = None, device: torch.device | None = None) -> "ParallelGroups":
         """One process, no parallelism: every group has one member and no process group."""
@@ -128,7 +120,7 @@ def initialize_model_parallel(
     return groups
 
 
-# --- thin Megatron-style convenience over one default object -------------------------------------
+# --- the default object initialize_model_parallel() sets (for code that has no groups passed in) -------------------------------------
 _DEFAULT: list[ParallelGroups] = []
 
 
@@ -142,38 +134,5 @@ def get_default_groups() -> ParallelGroups:
     return _DEFAULT[0]
 
 
-def get_tensor_model_parallel_group() -> Group:
-    return get_default_groups().tp
-
-
-def get_pipeline_model_parallel_group() -> Group:
-    return get_default_groups().pp
-
-
-def get_expert_model_parallel_group() -> Group:
-    return get_default_groups().ep
-
-
-def get_tensor_model_parallel_rank() -> int:
-    return get_default_groups().tp.rank
-
-
-def get_tensor_model_parallel_world_size() -> int:
-    return get_default_groups().tp.size
-
-
-def get_pipeline_model_parallel_rank() -> int:
-    return get_default_groups().pp.rank
-
-
-def get_pipeline_model_parallel_world_size() -> int:
-    return get_default_groups().pp.size
-
-
-__all__ = [
-    "Group", "ParallelGroups", "build_groups", "initialize_model_parallel", "coordinates", "group_of",
-    "set_default_groups", "get_default_groups", "get_tensor_model_parallel_group",
-    "get_pipeline_model_parallel_group", "get_expert_model_parallel_group",
-    "get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size",
-    "get_pipeline_model_parallel_rank", "get_pipeline_model_parallel_world_size",
-]
+__all__ = ["Group", "ParallelGroups", "build_groups", "initialize_model_parallel", "coordinates", "group_of",
+           "set_default_groups", "get_default_groups"]

@@ -41,8 +41,6 @@ reads only this rank's experts and narrows them to its etp shard.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,7 +48,7 @@ from torch import nn
 from vpp.parallel.comm import all_to_all, gather_from_tp, reduce_from_tp
 from vpp.parallel.groups import ParallelGroups
 from vpp.parallel.mlp import DenseMLP, GetTensor, read_tensors
-from vpp.parallel.moe_config import ACTIVATIONS, MoEConfig, is_moe_layer
+from vpp.parallel.moe_config import ACTIVATIONS, MoEConfig
 from vpp.parallel.router import Router
 from vpp.parallel.sharding import Shard
 
@@ -210,19 +208,6 @@ class MoE(nn.Module):
                 f"ep={g.ep.rank}/{g.ep.size}, etp={g.etp.rank}/{g.etp.size}")
 
 
-def build_mlp(config: Mapping[str, Any] | Any, layer: int, groups: ParallelGroups, *,
-              dispatch: str = "allreduce", dtype: torch.dtype | None = None, device=None) -> nn.Module:
-    """The MLP block of global layer ``layer`` of a Hugging Face config: :class:`MoE` where
-    :func:`is_moe_layer`, else a :class:`DenseMLP` of ``intermediate_size`` over the TP group. Both
-    have ``load_checkpoint(get_tensor, prefix)`` with prefix ``f"model.layers.{layer}.mlp."``."""
-    cfg = MoEConfig.from_hf(config)
-    if is_moe_layer(config, layer):
-        return MoE(cfg, groups, dispatch=dispatch, dtype=dtype, device=device)
-    hf = config if isinstance(config, Mapping) else config.to_dict()
-    return DenseMLP(cfg.hidden_size, hf["intermediate_size"], groups.tp, hidden_act=cfg.hidden_act,
-                    dtype=dtype, device=device)
-
-
 def token_split(tokens: int, parts: int) -> list[int]:
     """Balanced contiguous split: the first ``tokens % parts`` parts get one token more."""
     return [tokens // parts + (1 if i < tokens % parts else 0) for i in range(parts)]
@@ -249,5 +234,4 @@ def _copy(param: torch.Tensor, full: dict[str, torch.Tensor], name: str, shape: 
     param.copy_(_checked(full, name, shape))
 
 
-__all__ = ["MoE", "MoEConfig", "DenseMLP", "GroupedExperts", "Router", "build_mlp", "is_moe_layer",
-           "token_split", "gather_rows", "DISPATCH"]
+__all__ = ["MoE", "MoEConfig", "DenseMLP", "GroupedExperts", "Router", "token_split", "gather_rows", "DISPATCH"]

@@ -18,8 +18,8 @@
 
 from .arch import Arch
 from .configs import get_config
-from .cost import DeploymentCost
-from .device import ASCEND_910C, CPU, H100, H200, Device, get_device
+from .deployment import DeploymentCost
+from .hardware import ASCEND_910C, CPU, H100, H200, Device, get_device
 from .ops import Op, Parallel, layer_ops
 
 __all__ = ["ASCEND_910C", "Arch", "CPU", "DeploymentCost", "Device", "H100", "H200", "Op", "Parallel",

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vpp import config as hf
+
 ATTENTION_KINDS = ("gqa", "mla", "dsa")
 
 
@@ -70,47 +72,24 @@ class Arch:
         return self.kv_lora + self.rope + extra
 
     @classmethod
-    def from_config(cls, cfg: dict, name: str | None = None) -> "Arch":
-        mt = cfg.get("model_type", "")
-        layers = int(cfg["num_hidden_layers"])
-        common = dict(name=name or mt or "model", hidden=int(cfg["hidden_size"]), layers=layers,
-                      vocab=int(cfg.get("vocab_size", 0)), heads=int(cfg["num_attention_heads"]),
-                      ffn=int(cfg.get("intermediate_size", 0)))
-        if "kv_lora_rank" in cfg:
-            attention = "dsa" if ("index_topk" in cfg or mt in ("glm_moe_dsa", "deepseek_v32")) else "mla"
-            experts = int(cfg.get("n_routed_experts") or 0)
-            first = int(cfg.get("first_k_dense_replace", 0))
-            freq = int(cfg.get("moe_layer_freq", 1) or 1)
-            dense = tuple(i for i in range(layers) if experts and (i < first or i % freq))
-            shared_index = tuple(i for i, t in enumerate(_indexer_types(cfg, layers)) if t == "shared") \
-                if attention == "dsa" else ()
-            return cls(attention=attention, q_lora=int(cfg.get("q_lora_rank") or 0),
-                       kv_lora=int(cfg["kv_lora_rank"]), nope=int(cfg["qk_nope_head_dim"]),
-                       rope=int(cfg["qk_rope_head_dim"]), v_dim=int(cfg["v_head_dim"]),
-                       index_heads=int(cfg.get("index_n_heads", 0)) if attention == "dsa" else 0,
-                       index_dim=int(cfg.get("index_head_dim", 0)) if attention == "dsa" else 0,
-                       index_topk=int(cfg.get("index_topk", 0)) if attention == "dsa" else 0,
-                       moe_ffn=int(cfg.get("moe_intermediate_size", 0)), experts=experts,
-                       top_k=int(cfg.get("num_experts_per_tok", 0)), shared=int(cfg.get("n_shared_experts") or 0),
-                       dense_layers=dense, shared_index_layers=shared_index, **common)
-        heads = int(cfg["num_attention_heads"])
-        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
-        step = int(cfg.get("decoder_sparse_step", 1) or 1)
-        only = set(cfg.get("mlp_only_layers") or [])
-        dense = tuple(i for i in range(layers) if experts and (i in only or (i + 1) % step))
-        return cls(attention="gqa", kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
-                   moe_ffn=int(cfg.get("moe_intermediate_size", 0)), experts=experts,
-                   top_k=int(cfg.get("num_experts_per_tok", 0)), dense_layers=dense, **common)
-
-
-def _indexer_types(cfg: dict, layers: int) -> list[str]:
-    """GLM-5's per-layer indexer mode: an explicit list, a pattern string, or every ``index_topk_freq``-th
-    layer from ``index_skip_topk_offset``; all "full" when none is given (DeepSeek-V3.2, GLM-5)."""
-    if cfg.get("indexer_types"):
-        return list(cfg["indexer_types"])
-    pattern = cfg.get("index_topk_pattern")
-    if pattern is not None:
-        return [{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str) else list(pattern)
-    freq, offset = max(int(cfg.get("index_topk_freq", 1) or 1), 1), int(cfg.get("index_skip_topk_offset", 2))
-    return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]
+    def from_config(cls, config: dict, name: str | None = None) -> "Arch":
+        """The cost model's view of a Hugging Face config, read through :func:`vpp.config.model_config`
+        (the same reader the models use, so dense/MoE layers, indexer layers and widths agree)."""
+        cfg = hf.model_config(config)
+        layers = cfg["num_hidden_layers"]
+        attention = hf.attention_kind(cfg)
+        experts = hf.num_experts(cfg)
+        dense = tuple(i for i, t in enumerate(cfg["mlp_layer_types"]) if t == "dense") if experts else ()
+        common = dict(name=name or cfg["model_type"], attention=attention, hidden=cfg["hidden_size"], layers=layers,
+                      vocab=cfg["vocab_size"], heads=cfg["num_attention_heads"], ffn=cfg["intermediate_size"],
+                      moe_ffn=cfg["moe_intermediate_size"], experts=experts, top_k=cfg["num_experts_per_tok"],
+                      dense_layers=dense)
+        if attention == "gqa":
+            return cls(kv_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"], **common)
+        shared_index = tuple(i for i, t in enumerate(cfg.get("indexer_types") or []) if t == "shared")
+        dsa = attention == "dsa"
+        return cls(q_lora=cfg["q_lora_rank"] or 0, kv_lora=cfg["kv_lora_rank"], nope=cfg["qk_nope_head_dim"],
+                   rope=cfg["qk_rope_head_dim"], v_dim=cfg["v_head_dim"],
+                   index_heads=cfg["index_n_heads"] if dsa else 0, index_dim=cfg["index_head_dim"] if dsa else 0,
+                   index_topk=cfg["index_topk"] if dsa else 0, shared=int(cfg.get("n_shared_experts") or 0),
+                   shared_index_layers=shared_index, **common)

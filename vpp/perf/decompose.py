@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from vpp.schedules import summarize
-from vpp.schedules.ir import COMPUTE
+from vpp.plan import summarize
+from vpp.plan.ir import COMPUTE
 
 
 @dataclass

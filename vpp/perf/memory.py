@@ -46,7 +46,7 @@ def layer_weight_bytes(arch: Arch, layer: int, par: Parallel) -> float:
         qa = d * arch.q_lora + arch.q_lora * h * (arch.nope + arch.rope) if arch.q_lora else d * h * (arch.nope + arch.rope)
         attn = (qa + d * (arch.kv_lora + arch.rope) + h * arch.v_dim * d) * w
         attn += arch.kv_lora * h * (arch.nope + arch.v_dim) * 2          # kv_b kept in BF16
-        if arch.attention == "dsa":
+        if arch.runs_indexer(layer):  # GLM-5's shared-indexer layers hold no indexer weights
             ih = arch.index_heads if par.indexer_replicated else max(1, arch.index_heads // tp)
             attn += ((arch.q_lora or d) * ih * arch.index_dim + d * arch.index_dim) * w + d * ih * 2
     if not arch.is_moe(layer):

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from .arch import Arch
 
 KINDS = ("gemm", "attn", "mem", "allreduce", "allgather")
-CATEGORIES = ("attention", "indexer", "prefix_gemm", "prefix_mem", "gemm", "moe", "elementwise", "tp_comm")
 
 
 @dataclass(frozen=True)

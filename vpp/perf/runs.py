@@ -2,7 +2,7 @@
 
 Strategies: ``cpp`` (loop layout, fixed chunks, blocking), ``dcpp`` (loop layout, chunks from a DCPP
 planner profiled on the cost model, blocking), ``vpp`` (fold-back V, blocking, Algorithm 1),
-``vpp-async`` (V, reordered, non-blocking) and ``vpp-async-packed`` (VPP-Async with the dual-queue
+``vpp-async`` (V, reordered, non-blocking) and ``vpp-packed`` (VPP-Async with the dual-queue
 cross-request packing of :func:`vpp.schedules.build_vpp_packed`, planned with the same cost model). ``layout`` / ``folds`` /
 ``partition`` override the strategy's layout (e.g. an interleaved layout run with the VPP builders).
 """
@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import vpp.schedules as sch
-from vpp.schedules.dcpp import DcppPlanner, dcpp_requests, profiled_stages, stage_measure
+import vpp.plan as sch
+from vpp.plan.dcpp import DcppPlanner, dcpp_requests, profiled_stages, stage_measure
 
 from .arch import Arch
-from .cost import DeploymentCost
+from .deployment import DeploymentCost
 from .decompose import Row, decompose
-from .device import Device
+from .hardware import Device
 from .ops import Parallel
 
-STRATEGIES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-async-packed")
+STRATEGIES = sch.strategies.PLANNED
 
 
 @dataclass
@@ -51,7 +51,7 @@ class Run:
 
 
 def requests_for(setup: Setup, strategy: str, lengths, chunk: int, cost: DeploymentCost, layout) -> list:
-    if strategy == "dcpp":
+    if sch.strategies.get(strategy).chunking == "dcpp":
         stages = profiled_stages(layout, setup.dcpp_variant)
         planner = DcppPlanner(setup.dcpp_variant, budget=chunk)
         planner.profile(stage_measure(cost, stages))
@@ -73,21 +73,16 @@ def requests_for(setup: Setup, strategy: str, lengths, chunk: int, cost: Deploym
 def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = None, folds: int = 1,
         partition=None, requests=None, name: str | None = None) -> Run:
     """Simulate ``strategy`` on prompts of ``lengths`` with chunk budget ``chunk``."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {STRATEGIES}")
+    spec = sch.strategies.get(strategy, STRATEGIES)
     lengths = [int(n) for n in ([lengths] if isinstance(lengths, int) else lengths)]
     if kind is None:
-        kind = "loop" if strategy in ("cpp", "dcpp") else "v"
+        kind = spec.layout
     layout = setup.layout(kind, folds if kind != "loop" else 1, partition)
     cost = setup.cost(layout)
     reqs = requests if requests is not None else requests_for(setup, strategy, lengths, chunk, cost, layout)
-    if strategy in ("cpp", "dcpp"):
-        plan = sch.build_cpp(layout, reqs) if kind == "loop" else sch.build_vpp(layout, reqs)
-    elif strategy == "vpp":
+    if spec.layout == "loop" and kind != "loop":  # CPP's blocking order on another layout: VPP's builder
         plan = sch.build_vpp(layout, reqs)
-    elif strategy == "vpp-async":
-        plan = sch.build_vpp_async(layout, reqs)
     else:
-        plan = sch.build_vpp_packed(layout, reqs, cost=cost)
+        plan = spec.plan(layout, reqs, cost=cost)
     trace = sch.simulate(plan, cost, check=False)
     return Run(decompose(name or strategy, plan, trace, cost), plan, trace, cost, list(reqs))

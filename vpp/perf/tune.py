@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import vpp.schedules as sch
-from vpp.schedules.ir import Request
+import vpp.plan as sch
+from vpp.plan.ir import Request
 
 from .runs import Setup, requests_for
 from .taper import best_taper

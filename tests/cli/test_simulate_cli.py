@@ -1,0 +1,53 @@
+"""``python -m vpp simulate``."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vpp import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_table(capsys):
+    assert cli.main(["simulate", "--pp", "2", "--layout", "v", "--seq-len", "65536", "--chunk-size", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "CPP" in out and "VPP-Async" in out and "Bubble ratio" in out and "v layout, pp=2" in out
+
+
+def test_json_shows_vpp_beating_cpp(capsys):
+    cli.main(["simulate", "--pp", "2", "--seq-len", "65536", "--chunk-size", "8192", "--json", "--latency", "0",
+              "--bandwidth", "1e15"])
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert set(plans) == {"CPP", "VPP", "VPP-Async"}
+    assert plans["VPP"]["bubble_ratio"] < plans["CPP"]["bubble_ratio"]
+    assert plans["VPP"]["makespan"] < plans["CPP"]["makespan"]
+
+
+def test_flops_folds_and_files(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    args = ["simulate", "--pp", "2", "--layout", "v", "--folds", "2", "--seq-len", "9000", "3000",
+            "--chunk-size", "2048", "--cost", "flops", "--trace-dir", str(tmp_path), "--png-dir", str(tmp_path)]
+    assert cli.main(args) == 0
+    names = sorted(os.listdir(tmp_path))
+    assert "vpp-async.png" in names and "cpp.trace.json" in names and "vpp.chrome.json" in names
+    assert "flops cost" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_planning_imports_neither_torch_nor_matplotlib():
+    code = ("import sys, vpp.plan, vpp.cli.simulate; "
+            "print('torch' in sys.modules, 'matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.slow
+def test_module_entry_point():
+    out = subprocess.run([sys.executable, "-m", "vpp", "simulate", "--pp", "3", "--layout", "interleaved",
+                          "--seq-len", "4000", "--chunk-size", "1000"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "interleaved layout, pp=3" in out.stdout

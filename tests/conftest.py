@@ -1,0 +1,49 @@
+"""Suite-wide rules.
+
+* Tiers: ``python -m pytest -m "not slow"`` is the fast inner loop (pure and single-process tests);
+  every test that starts a process (spawned ranks, torchrun, a subprocess) is marked ``slow``. A test
+  that is not marked slow and starts one fails, naming the mark it needs.
+* Nothing is left behind: after each test, no child process of this one may still run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.process
+import os
+import subprocess
+
+import pytest
+
+
+def _children() -> set[int]:
+    """Live child processes of this pytest process (Linux /proc; empty elsewhere)."""
+    me, out = os.getpid(), set()
+    try:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != "Z":
+                out.add(int(entry))
+    except FileNotFoundError:
+        pass
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _process_rules(request, monkeypatch):
+    slow = request.node.get_closest_marker("slow") is not None
+    if not slow:
+        def refuse(*_a, **_k):
+            raise RuntimeError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.slow")
+        monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+        monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    before = _children()
+    yield
+    left = _children() - before
+    if left:
+        pytest.fail(f"{request.node.nodeid} left child processes running: {sorted(left)}", pytrace=False)

@@ -1,0 +1,44 @@
+"""The paper's published figures (arXiv 2608.26523),
+kept in one place so reproductions compare against the same numbers.
+
+Setting: 16 x Ascend 910C NPUs (64 GB each), TP8 + PP2, vLLM-Ascend 0.23; DCPP with vLLM-Ascend's
+recommended settings (minimum chunk 4096, smoothing 1.0); chunk budgets {8K, 16K, 24K, 32K}, best
+reported. Times are seconds per rank (compute + bubble + exposed communication = total).
+"""
+
+from __future__ import annotations
+
+CHUNKS = (8192, 16384, 24576, 32768)
+LENGTHS = (65536, 131072, 262144, 524288, 1048576)
+
+# Table 1 (Sec. 4) and Table 2 (Sec. 6.3): DeepSeek-V3.1, 512K tokens, chunk budget 24K.
+TABLE_512K = {
+    "cpp": {"compute": 252.59, "bubble": 38.64, "exposed_comm": 16.67, "total": 307.90},
+    "dcpp": {"compute": 279.07, "bubble": 20.47, "exposed_comm": 22.68, "total": 322.22},
+    "vpp": {"compute": 250.84, "bubble": 0.39, "exposed_comm": 30.63, "total": 322.22 - 40.36},
+}
+# Table 2 (b): computation detail, DCPP vs VPP (kernel categories of the Ascend profiler).
+COMPUTE_DETAIL_512K = {
+    "dcpp": {"Attention": 228.13, "Slice": 22.90, "MatMulV3": 13.06},
+    "vpp": {"Attention": 233.08, "Slice": 5.18, "MatMulV3": 2.54},
+}
+# Table 2 (c) bubble detail and the overlap ratios of Sec. 7.4.
+BUBBLE_DETAIL_512K = {"dcpp": {"Free": 18.61, "Launch stall": 1.85}, "vpp": {"Free": 0.39, "Launch stall": 0.00036}}
+OVERLAP_RATIO_512K = {"dcpp": 0.0005, "vpp": 0.5175}
+
+STEPS = {"cpp_128k": 8, "dcpp_128k": 17, "dcpp_over_cpp_512k": 4.4}   # Fig. 1(b); Sec. 1 ("4.4x more steps")
+
+CLAIMS = {
+    "dcpp_vs_cpp": "DeepSeek: DCPP wins by 1.6-3.6% on 64K-256K, loses 4.4% throughput / 4.6% TTFT at 512K",
+    "vpp_vs_dcpp_deepseek": "VPP over DCPP 2.6%-13.1% on DeepSeek (64K-512K), growing with length",
+    "vpp_vs_dcpp_qwen": "VPP over DCPP 3.7%-8.7% on Qwen (128K-512K)",
+    "vpp_vs_dcpp_glm": "GLM: VPP over DCPP peaks at 64K (8.5%) and narrows; no GLM data at 512K/1M",
+    "vpp_vs_cpp": "VPP over CPP up to 7.3% (Qwen), 10.0% (DeepSeek), 4.1% (GLM) throughput",
+    "chunk_24k": "24K is the best chunk in most configurations (its ragged last chunk runs in the drain); "
+                 "at 64K on DeepSeek/GLM smaller chunks are better",
+}
+VPP_OVER_DCPP_512K = 0.131          # "about 13.1% over DCPP" (DeepSeek, 512K)
+
+# Sec. 6.4 ablation: DeepSeek 256K, 32K chunks, 3 concurrent requests.
+ABLATION_256K = {"async_gain": 0.0313, "packing_gain_total": 0.0689,
+                 "bubble_ratio": {"vpp": 0.110, "vpp-async": 0.083, "vpp-packed": 0.024}}

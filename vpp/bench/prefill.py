@@ -1,0 +1,226 @@
+"""Measure prefill schedules on real ranks: the engine behind ``vpp prefill``, the examples and the
+benchmarks. Runs on every rank (spawned or under torchrun); returns rows on every rank.
+
+Per round, the schedules run interleaved (A B C A B C ...), each after a barrier. TTFT is the wall time
+from the barrier to the last-token logits on the rank that holds the last stage. Each run's trace is
+summarised (compute / bubble / exposed comm, as the paper's Table 2) and replayed in the simulator with
+the measured per-chunk compute times and a measured transfer time, so the two can be compared.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from vpp.models.registry import open_model, snap_partition
+from vpp.parallel.comm import irecv, isend
+from vpp.parallel.groups import ParallelGroups
+from vpp.plan import TableCost, make_layout, simulate, strategies
+from vpp.runtime.api import forward_prefill
+from vpp.runtime.dcpp import profile_planner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BenchConfig:
+    model: str = "tiny-deepseek"
+    tp: int = 1
+    pp: int = 2
+    seq_len: int = 8192
+    chunk_size: int = 1024
+    schedules: tuple[str, ...] = ("cpp", "vpp", "vpp-async")
+    folds: int = 1
+    repeat: int = 3
+    warmup: bool = True
+    dtype: str = "float32"
+    seed: int = 0
+    moe_dispatch: str = "allreduce"
+    timeout_s: float = 600.0
+    check: bool = False
+    trace_dir: str | None = None
+    save_logits: str | None = None
+    # progress(label, chunks) -> a callback(chunks done) shown on global rank 0 (the CLI's bar), or None
+    progress: Callable[[str, int], Callable[[int], None]] | None = None
+    pin: bool = True
+
+
+@dataclass
+class Row:
+    schedule: str
+    ttft: list[float] = field(default_factory=list)
+    makespan: list[float] = field(default_factory=list)
+    bubble_ratio: list[float] = field(default_factory=list)
+    exposed: list[float] = field(default_factory=list)
+    speedup: list[float] = field(default_factory=list)
+    sim_makespan: list[float] = field(default_factory=list)
+    sim_bubble_ratio: list[float] = field(default_factory=list)
+    overhead_per_action_us: list[float] = field(default_factory=list)
+    max_abs_diff: float | None = None
+
+    def stats(self, name: str) -> tuple[float, float, float]:
+        values = getattr(self, name)
+        return (statistics.median(values), min(values), max(values)) if values else (float("nan"),) * 3
+
+
+def say(groups: ParallelGroups, text: str) -> None:
+    """Log ``text`` once per run (from global rank 0)."""
+    if groups.global_rank == 0:
+        log.info(text)
+
+
+def measure_transfer(groups: ParallelGroups, tokens: int, hidden: int, dtype: torch.dtype, rounds: int = 5) -> float:
+    """One-way time of a [tokens, hidden] activation between pipeline ranks 0 and 1 (ping-pong / 2)."""
+    if groups.pp.size < 2:
+        return 0.0
+    me, buf = groups.pp.rank, torch.zeros(tokens, hidden, dtype=dtype)
+    times = []
+    for _ in range(rounds + 1):
+        start = time.perf_counter()
+        if me == 0:
+            isend(buf, 1, groups.pp_channel(0, 1)).wait()
+            irecv(buf, 1, groups.pp_channel(1, 0)).wait()
+        elif me == 1:
+            irecv(buf, 0, groups.pp_channel(0, 1)).wait()
+            isend(buf, 0, groups.pp_channel(1, 0)).wait()
+        times.append((time.perf_counter() - start) / 2)
+    out = [statistics.median(times[1:])]
+    dist.broadcast_object_list(out, src=groups.pp.global_rank(0), group=groups.pp.pg)
+    return float(out[0])
+
+
+def _simulated(plan, trace, transfer_s: float):
+    """Replay ``plan`` with the compute times measured in ``trace`` (median per stage and chunk)."""
+    per_stage: dict[int, dict] = {}
+    requests = {q.id: q for q in plan.requests}
+    for s in trace.of(kind="compute"):
+        q = requests[s.request]
+        per_stage.setdefault(s.stage, {})[(q.tokens(s.chunk), q.offset(s.chunk))] = s.duration
+    cost = TableCost(per_stage=per_stage, latency=transfer_s, overlap=0.0 if plan.comm == "blocking" else 1.0)
+    return simulate(plan, cost, check=False)
+
+
+def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict]:
+    """Run every schedule ``cfg.repeat`` times, interleaved; returns the rows and run facts."""
+    if cfg.pin and groups.accelerator.kind == "cpu" and groups.sizes.world_size <= (os.cpu_count() or 1):
+        os.sched_setaffinity(0, {groups.global_rank % (os.cpu_count() or 1)})
+    dtype = getattr(torch, cfg.dtype)
+    model = open_model(cfg.model, dtype=dtype, seed=cfg.seed, moe_dispatch=cfg.moe_dispatch)
+    vocab = int(model.config.get("vocab_size", 512))
+    prompt = torch.randint(0, vocab, (cfg.seq_len,), generator=torch.Generator().manual_seed(cfg.seed + 1))
+    stages, layouts = {}, {}
+    for sched in cfg.schedules:
+        kind = strategies.get(sched).layout
+        folds = 1 if kind == "loop" else cfg.folds
+        n_stages = groups.pp.size * (1 if kind == "loop" else 2 * folds)
+        partition = snap_partition(model.num_layers, n_stages, model.stage_starts)
+        layout = make_layout(kind, model.num_layers, groups.pp.size, folds=folds, partition=partition)
+        layouts[sched] = layout
+        stages[sched] = model.stages(layout, groups)
+    say(groups, f"vpp prefill: {cfg.model}, tp={cfg.tp} pp={cfg.pp}, {cfg.seq_len} tokens in chunks of "
+                 f"{cfg.chunk_size}; " + "; ".join(f"{s}: {layouts[s].describe()}" for s in cfg.schedules))
+    # DCPP's planner is profiled once on the real first stage (vLLM-Ascend's start-up profiling)
+    chunking = {s: profile_planner(stages[s], groups, cfg.chunk_size).chunk_sizes
+                if strategies.get(s).chunking == "dcpp" else cfg.chunk_size for s in cfg.schedules}
+    hidden = stages[cfg.schedules[0]][0].hidden_size
+    transfer_s = measure_transfer(groups, cfg.chunk_size, hidden, dtype)
+    rows = {s: Row(s) for s in cfg.schedules}
+    holds_first = {s: 0 in layouts[s].stages_of(groups.pp.rank) for s in cfg.schedules}
+    last_logits: dict[str, torch.Tensor | None] = {}
+    traces = {}
+
+    def one(sched: str, ids: torch.Tensor, label: str | None):
+        n = ids.numel()
+        n_chunks = len(chunking[sched](n)) if callable(chunking[sched]) else -(-n // cfg.chunk_size)
+        show = label and cfg.progress is not None and groups.global_rank == 0
+        bar = cfg.progress(label, n_chunks) if show else None
+        if dist.is_initialized():
+            dist.barrier()
+        start = time.perf_counter()
+        out = forward_prefill(stages[sched], ids if holds_first[sched] else None, chunking[sched], groups,
+                              schedule=sched, return_trace=True, timeout_s=cfg.timeout_s, progress=bar)
+        ttft = time.perf_counter() - start
+        for st in stages[sched]:
+            st.release(0)
+        return out, ttft
+
+    if cfg.warmup:
+        for sched in cfg.schedules:
+            one(sched, prompt[: min(cfg.seq_len, 2 * cfg.chunk_size)], None)
+    for r in range(cfg.repeat):
+        round_ttft = {}
+        for sched in cfg.schedules:
+            out, ttft = one(sched, prompt, f"round {r + 1}/{cfg.repeat} {sched}")
+            ttfts = gather_all(groups, ttft if out.logits is not None else None)
+            ttft = max(t for t in ttfts if t is not None)
+            summary = out.trace.summarize()
+            sim = _simulated(out.plan, out.trace, transfer_s)
+            sim_summary = sim.summarize()
+            row = rows[sched]
+            row.ttft.append(ttft)
+            row.makespan.append(summary.makespan)
+            row.bubble_ratio.append(summary.bubble_ratio)
+            row.exposed.append(summary.mean("exposed_comm"))
+            row.sim_makespan.append(sim_summary.makespan)
+            row.sim_bubble_ratio.append(sim_summary.bubble_ratio)
+            overheads = gather_all(groups, out.result.overhead_s / max(out.result.num_actions, 1) * 1e6)
+            row.overhead_per_action_us.append(max(overheads))
+            round_ttft[sched] = ttft
+            logits = [t for t in gather_all(groups, out.logits) if t is not None]
+            last_logits[sched] = logits[0]
+            traces[sched] = (out.trace, sim)
+        base = round_ttft.get("cpp")
+        for sched, t in round_ttft.items():
+            if base:
+                rows[sched].speedup.append(base / t)
+    facts = {"transfer_s": transfer_s, "layouts": {s: layouts[s].describe() for s in cfg.schedules},
+             "prompt": prompt, "logits": last_logits,
+             "chunks": {s: list(c(cfg.seq_len)) if callable(c) else None for s, c in chunking.items()}}
+    if cfg.check:
+        facts["check"] = _check(groups, model, prompt, last_logits, list(rows.values()))
+    if cfg.trace_dir and groups.global_rank == 0:
+        _write_traces(cfg.trace_dir, traces)
+    return [rows[s] for s in cfg.schedules], facts
+
+
+def gather_all(groups: ParallelGroups, value):
+    if not dist.is_initialized() or groups.sizes.world_size == 1:
+        return [value]
+    out: list = [None] * groups.sizes.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
+def _check(groups: ParallelGroups, model, prompt, last_logits, rows) -> dict:
+    """Compare every schedule's last-token logits with a single-process unpipelined forward."""
+    result: dict = {}
+    if groups.global_rank == 0:
+        ref_stage = model.build((0, model.num_layers), ParallelGroups.single())
+        ref = ref_stage(prompt, "reference", 0, last_token_only=True)[-1].float()
+        for row in rows:
+            got = last_logits[row.schedule].float()
+            row.max_abs_diff = float((got - ref).abs().max())
+            result[row.schedule] = row.max_abs_diff
+        result["reference_argmax"] = int(ref.argmax())
+    out = gather_all(groups, result)
+    return out[0]
+
+
+def _write_traces(directory: str, traces: dict) -> None:
+    os.makedirs(directory, exist_ok=True)
+    for sched, (measured, sim) in traces.items():
+        measured.save(os.path.join(directory, f"{sched}.trace.json"))
+        measured.to_chrome(os.path.join(directory, f"{sched}.chrome.json"))
+        sim.to_chrome(os.path.join(directory, f"{sched}.simulated.chrome.json"))
+        try:
+            measured.plot(os.path.join(directory, f"{sched}.png"))
+            sim.plot(os.path.join(directory, f"{sched}.simulated.png"))
+        except ImportError:
+            log.warning("matplotlib is not installed: skipping PNG timelines (pip install vpp-prefill[plot])")

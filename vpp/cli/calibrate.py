@@ -1,0 +1,51 @@
+"""``vpp calibrate``: fill the "cpu" device preset from timings of this machine and a tiny model.
+
+    vpp calibrate [--model tiny-deepseek] [--tokens 4096] [--chunk 512] [--threads 1] [--link]
+                  [--out benchmarks/results/cpu_calibration.json]
+
+Then ``vpp tune --device cpu --calibration benchmarks/results/cpu_calibration.json ...`` (or
+``get_device("cpu", calibration=path)``) uses the timed constants. See :mod:`vpp.perf.calibrate`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from vpp.bench.calibrate import calibrate
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", default="tiny-deepseek", help="tiny-qwen, tiny-deepseek or tiny-glm")
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--chunk", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=3, help="prefills to time (median per chunk)")
+    parser.add_argument("--check", action="store_true",
+                        help="also predict the other tiny models with the calibrated device (no re-fit)")
+    parser.add_argument("--link", action="store_true", help="also time gloo send/recv between two processes")
+    parser.add_argument("--out", default=os.path.join("benchmarks", "results", "cpu_calibration.json"))
+
+
+def run(args) -> int:
+    from vpp.models.tiny import TINY_CONFIGS
+    check = tuple(TINY_CONFIGS) if args.check else ()
+    result = calibrate(args.model, args.tokens, args.chunk, threads=args.threads, runs=args.runs, link=args.link,
+                       check=check)
+    dev, val = result["device"], result["validation"]
+    print(f"this CPU ({args.threads} thread(s)): GEMM {dev['peak_flops'] / 1e9:.1f} GFLOP/s, copy "
+          f"{dev['mem_bw'] / 1e9:.1f} GB/s, link {dev['link_bw'] / 1e9:.2f} GB/s, attention at "
+          f"{dev['eff_attn']:.2f} of GEMM rate, {dev['kernel_overhead'] * 1e6:.1f} us per kernel")
+    print(f"{val['model']}: {val['tokens']} tokens in {val['chunk']}-token chunks; cost model vs measured: "
+          f"mean |error| {100 * val['mean_abs_error']:.1f}%, max {100 * val['max_abs_error']:.1f}%, "
+          f"last/first chunk {val['last_over_first_measured']:.2f} measured, {val['last_over_first_predicted']:.2f} "
+          f"predicted")
+    for c in result["cross_check"]:
+        print(f"{c['model']} predicted with these constants (no re-fit): mean |error| {100 * c['mean_abs_error']:.1f}%, "
+              f"max {100 * c['max_abs_error']:.1f}%, last/first {c['last_over_first_measured']:.2f} measured, "
+              f"{c['last_over_first_predicted']:.2f} predicted")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0

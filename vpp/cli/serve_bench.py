@@ -1,0 +1,76 @@
+"""``vpp serve-bench``: prefill a request stream (the paper's long / mixed / short workloads, scaled
+to this machine) on real ranks under CPP, DCPP, VPP, VPP-Async, VPP-Async + packing and
+torch.distributed.pipelining's GPipe; one row each, median [min-max] over repeats."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from vpp.cli.output import setup_logging
+from vpp.plan import strategies
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default="tiny-deepseek")
+    p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--workload", default="long", choices=("long", "mixed", "short"))
+    p.add_argument("--scale", type=float, default=64, help="paper token counts are divided by this")
+    p.add_argument("--n", type=int, help="number of requests (mixed: 24, short: 12)")
+    p.add_argument("--concurrency", type=int, help="requests in flight (long: 1, mixed: 4, short: all)")
+    p.add_argument("--lengths", help="long workload: comma-separated paper-scale lengths (default 64K..1M)")
+    p.add_argument("--chunk-size", type=int, default=512)
+    p.add_argument("--contenders", default=",".join(strategies.CONTENDERS))
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+
+
+def _worker(rank, world, cfg):
+    setup_logging()
+    from vpp.parallel import initialize_model_parallel
+    from vpp.bench.streams import run_stream_bench
+    groups = initialize_model_parallel(1, cfg.pp)
+    out = run_stream_bench(groups, cfg)
+    return out if groups.global_rank == 0 else None
+
+
+def run(args) -> int:
+    from vpp.parallel import launch
+    from vpp.bench.streams import StreamConfig
+    try:
+        contenders = strategies.parse(args.contenders, strategies.CONTENDERS)
+    except ValueError as exc:
+        raise SystemExit(f"vpp serve-bench: error: --contenders: {exc}") from None
+    lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths else None
+    cfg = StreamConfig(model=args.model, pp=args.pp, workload=args.workload, scale=args.scale, n=args.n,
+                       concurrency=args.concurrency, lengths=lengths, chunk_size=args.chunk_size,
+                       contenders=contenders, repeat=args.repeat, seed=args.seed)
+    out = launch(_worker, cfg.pp, cfg)[0]
+    if out is None:
+        return 0
+    rows, facts = out
+    if args.json:
+        print(json.dumps({"config": vars(cfg), "facts": facts,
+                          "rows": [{k: v for k, v in vars(r).items()} for r in rows]}, indent=2, default=str))
+    else:
+        print(format_rows(rows, facts, cfg))
+    return 0
+
+
+def _fmt(stats, scale=1.0, digits=2) -> str:
+    med, lo, hi = stats
+    return "-" if math.isnan(med) else f"{med * scale:.{digits}f} [{lo * scale:.{digits}f}-{hi * scale:.{digits}f}]"
+
+
+def format_rows(rows, facts, cfg) -> str:
+    head = (f"{cfg.model}, pp={cfg.pp}, workload {facts['workload']} (scale 1/{cfg.scale:g}): "
+            f"{len(facts['lengths'])} requests, {sum(facts['lengths'])} tokens, concurrency {facts['concurrency']}, "
+            f"chunk {cfg.chunk_size}; median [min-max] of {cfg.repeat} interleaved rounds")
+    cols = ["strategy", "makespan s", "throughput tok/s", "TTFT median s", "TTFT p90 s", "bubble %", "speed-up vs cpp"]
+    lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join([r.name, _fmt(r.stats("makespan")), _fmt(r.stats("throughput"), digits=0),
+                                        _fmt(r.stats("ttft_median")), _fmt(r.stats("ttft_p90")),
+                                        _fmt(r.stats("bubble_ratio"), 100, 1), _fmt(r.stats("speedup"), digits=3)]) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""``python -m vpp serve-sim``: a request stream of the paper's workloads, simulated under CPP, DCPP, VPP,
+VPP-Async and VPP-Async + packing, as one table (makespan, TTFT median / p90, throughput, bubble ratio,
+exposed communication, drain-window idle) plus what packing removes.
+
+Example::
+
+    python -m vpp serve-sim --workload long --lengths 262144 --repeat 4 --concurrency 3
+    python -m vpp serve-sim --workload mixed --scale 32 --pp 4 --folds 2 --layers 32 --json
+
+Lengths are the paper's divided by ``--scale``; ``--chunk-size`` is in scaled tokens (default 1024: the
+paper's 32K at scale 32). The cost model is this machine's per-layer law
+(:func:`vpp.bench.stream_sim.machine_cost`: the development machine's per-layer law).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+WORKLOADS = ("long", "short", "mixed")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", default="long", choices=WORKLOADS, help="the paper's workload (Sec. 6.1)")
+    parser.add_argument("--scale", type=float, default=32, help="divide the paper's token counts by this")
+    parser.add_argument("--seed", type=int, default=0, help="seed of drawn lengths and arrivals")
+    parser.add_argument("--n", type=int, default=None, help="requests (short: 100, mixed: 500)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None,
+                        help="long: paper-scale prompt lengths (default 64K .. 1M)")
+    parser.add_argument("--repeat", type=int, default=1, help="long: each length this many times")
+    parser.add_argument("--length", type=int, default=None, help="short: one paper-scale length for all (4096/8192/16384)")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="requests in flight (default: long 1, short all, mixed 16); 0 = unlimited")
+    parser.add_argument("--rate", type=float, default=None, help="Poisson arrivals per second (default: all at 0)")
+    parser.add_argument("--pp", type=int, default=2, help="pipeline ranks P")
+    parser.add_argument("--folds", type=int, default=1, help="folds of the V")
+    parser.add_argument("--layers", type=int, default=8, help="model layers")
+    parser.add_argument("--chunk-size", type=int, default=1024, help="chunk size (DCPP: budget), scaled tokens")
+    parser.add_argument("--dcpp", default="vllm-ascend", choices=("vllm-ascend", "sglang"), help="DCPP planner")
+    parser.add_argument("--strategies", nargs="+", default=None, help="subset of cpp dcpp vpp vpp-async vpp-packed (and the variants cpp-async dcpp-async vpp-async-pipelined)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def workload_from_args(args):
+    from vpp.plan import workloads as W
+
+    k = args.concurrency
+    kw = {} if k is None else {"concurrency": None if k == 0 else k}
+    if args.workload == "long":
+        return W.long(args.scale, args.lengths or W.LONG_LENGTHS, repeat=args.repeat, rate=args.rate,
+                      seed=args.seed, **kw)
+    if args.workload == "short":
+        return W.short(args.scale, args.seed, n=args.n or 100, length=args.length, rate=args.rate, **kw)
+    return W.mixed(args.scale, args.seed, n=args.n or 500, rate=args.rate, **kw)
+
+
+def run(args) -> int:
+    from vpp.bench.stream_sim import EXTRA, STRATEGIES, StreamSetup, compare, format_effect, format_table, packing_effect
+    from vpp.plan import strategies as registry
+
+    try:
+        strategies = registry.parse(args.strategies or STRATEGIES, STRATEGIES + EXTRA)
+    except ValueError as exc:
+        raise SystemExit(f"vpp serve-sim: error: --strategies: {exc}") from None
+    workload = workload_from_args(args)
+    setup = StreamSetup(pp=args.pp, layers=args.layers, folds=args.folds, chunk_size=args.chunk_size,
+                        dcpp_variant=args.dcpp)
+    rows = compare(setup, workload, strategies)
+    if args.json:
+        out = {"workload": workload.describe(), "setup": {"pp": args.pp, "folds": args.folds, "layers": args.layers,
+                                                          "chunk_size": args.chunk_size, "dcpp": args.dcpp},
+               "rows": {name: r.to_dict() for name, r in rows.items()}}
+        if "vpp-async" in rows and "vpp-packed" in rows:
+            out["packing"] = packing_effect(rows)
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{workload.describe()}\npp={args.pp}, folds={args.folds}, {args.layers} layers, chunks of "
+          f"{args.chunk_size} tokens, this machine's per-layer cost model\n")
+    print(format_table(rows))
+    effect = format_effect(rows)
+    if effect:
+        print("\n" + effect)
+    return 0

@@ -1,0 +1,53 @@
+"""``vpp tune``: choose layout, folds, partition, chunk budget and chunking by simulation.
+
+    vpp tune --model deepseek-v3.1 --device 910c --length 524288 [--tp 8] [--pp 2] [--fit-paper]
+
+Prints the best configurations by predicted TTFT and the gain over the paper's best configuration
+(VPP-Async, V with one fold, best of 8K..32K). ``--fit-paper`` first fits the device's attention and
+link efficiencies on the paper's DeepSeek CPP row (as benchmarks/paper_repro.py does).
+"""
+
+from __future__ import annotations
+
+import json
+
+from vpp.bench.sweep import fitted_setups, paper_setup
+from vpp.perf.hardware import get_device
+from vpp.perf.tune import PAPER_CHUNKS, paper_best, tune
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", default="deepseek-v3.1", help="deepseek-v3.1, glm-5.2, qwen3-coder-30b-a3b or a config.json")
+    parser.add_argument("--device", default="910c", help="910c, h100, h200 or cpu")
+    parser.add_argument("--calibration", default=None, help="calibration JSON for --device cpu (vpp calibrate)")
+    parser.add_argument("--length", type=int, default=524288, help="prompt tokens")
+    parser.add_argument("--tp", type=int, default=8)
+    parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--chunks", default=",".join(map(str, PAPER_CHUNKS)), help="comma-separated budgets")
+    parser.add_argument("--max-folds", type=int, default=2)
+    parser.add_argument("--top", type=int, default=10, help="rows to print")
+    parser.add_argument("--fit-paper", action="store_true", help="fit eff_attn/eff_link on the paper's CPP row")
+    parser.add_argument("--json", default=None, help="also write the ranking here")
+
+
+def run(args) -> int:
+    device = get_device(args.device, args.calibration)
+    if args.fit_paper:
+        device = fitted_setups(device)[0]["deepseek-v3.1"].device
+    setup = paper_setup(args.model, device, tp=args.tp, pp=args.pp)
+    chunks = tuple(int(c) for c in args.chunks.split(","))
+    ranked = tune(setup, args.length, chunks=chunks, max_folds=args.max_folds)
+    base = paper_best(setup, args.length, chunks)
+    print(f"{args.model} on {device.name}, tp={args.tp} pp={args.pp}, {args.length} tokens: "
+          f"{len(ranked)} configurations simulated")
+    print(f"{'rank':>4} {'TTFT s':>10} {'vs paper':>9} {'bubble':>7} {'chunks':>6}  configuration")
+    for i, r in enumerate(ranked[: args.top]):
+        gain = 100.0 * (base.ttft - r.ttft) / base.ttft
+        print(f"{i + 1:>4} {r.ttft:>10.3f} {gain:>+8.2f}% {100 * r.bubble_ratio:>6.1f}% {r.chunks:>6}  {r.candidate.describe()}")
+    print(f"paper's best configuration: {base.ttft:.3f} s ({base.candidate.describe()})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"paper_best": {"ttft": base.ttft, "config": base.candidate.describe()},
+                       "ranked": [{"ttft": r.ttft, "bubble_ratio": r.bubble_ratio, "chunks": r.chunks,
+                                   "config": r.candidate.describe()} for r in ranked]}, f, indent=1)
+    return 0

@@ -1,0 +1,106 @@
+"""The deployment cost model: a model's architecture on a device, split into stages by a layout.
+
+:class:`DeploymentCost` implements the simulator's cost protocol (:mod:`vpp.schedules.cost`):
+
+* ``compute(stage, tokens, prefix)`` -- every op of the stage's layers (``layout.stage_layers``) for a
+  chunk of ``tokens`` after ``prefix`` cached tokens, on one rank of the stage's TP group, including the
+  TP collectives inside the stage; the embedding on stage 0, the final norm and last-token logits on the
+  last stage; plus ``device.step_overhead`` per call;
+* ``transfer(tokens)`` -- one PP hand-over: each of the ``tp`` ranks sends its 1/tp slice of the
+  activation (``pp_tensors`` tensors of width hidden) and the receiving group all-gathers it (vLLM's
+  ``send_tensor_dict(..., all_gather_group=tp_group)``);
+* ``overlap`` -- ``device.pp_overlap``.
+
+``breakdown(stage, tokens, prefix)`` splits ``compute`` into the op categories of :mod:`.ops` plus
+``launch`` (kernel launches) and ``step`` (per-call overhead); ``tp_comm`` is the part the paper's
+profiler counts as communication rather than computation (see :mod:`.decompose`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import lru_cache
+
+from .arch import Arch
+from .hardware import Device
+from .ops import Parallel, embed_ops, head_ops, layer_ops, pp_message_bytes
+
+
+class DeploymentCost:
+    def __init__(self, arch: Arch, device: Device, layout, par: Parallel | None = None, *,
+                 overlap: float | None = None):
+        if layout.num_layers != arch.layers:
+            raise ValueError(f"layout has {layout.num_layers} layers but {arch.name} has {arch.layers}")
+        self.arch, self.device, self.layout = arch, device, layout
+        self.par = par or Parallel()
+        self.overlap = device.pp_overlap if overlap is None else float(overlap)
+        if not 0.0 <= self.overlap <= 1.0:
+            raise ValueError(f"overlap={self.overlap} must lie in [0, 1]")
+        # layers of each kind (MoE or not, own DSA indexer or not) per stage, and one layer of each kind
+        self._example = {}
+        for i in range(arch.layers):
+            self._example.setdefault(arch.layer_kind(i), i)
+        self._counts = []
+        for s in range(layout.num_stages):
+            counts: dict = defaultdict(int)
+            for i in layout.layers_of(s):
+                counts[arch.layer_kind(i)] += 1
+            self._counts.append(dict(counts))
+        self._layer = lru_cache(maxsize=65536)(self._layer_breakdown)
+
+    def __repr__(self) -> str:
+        return (f"DeploymentCost({self.arch.name} on {self.device.name}, tp={self.par.tp}, ep={self.par.ep}, "
+                f"{self.layout.describe()})")
+
+    # -- pieces ---------------------------------------------------------------------------------------
+    def _ops_breakdown(self, ops) -> dict:
+        out: dict = defaultdict(float)
+        dev = self.device
+        for op in ops:
+            t = dev.op_time(op)
+            if op.kind in ("allreduce", "allgather"):
+                out[op.category] += t
+            else:
+                launch = op.kernels * dev.kernel_overhead
+                out[op.category] += t - launch
+                out["launch"] += launch
+        return out
+
+    def _layer_breakdown(self, kind: tuple, tokens: int, prefix: int) -> dict:
+        return dict(self._ops_breakdown(layer_ops(self.arch, self._example[kind], tokens, prefix, self.par)))
+
+    def layer_breakdown(self, layer: int, tokens: int, prefix: int) -> dict:
+        return dict(self._layer(self.arch.layer_kind(layer), int(tokens), int(prefix)))
+
+    def layer_time(self, layer: int, tokens: int, prefix: int) -> float:
+        return sum(self.layer_breakdown(layer, tokens, prefix).values())
+
+    # -- the simulator protocol -----------------------------------------------------------------------
+    def breakdown(self, stage: int, tokens: int, prefix: int) -> dict:
+        """Seconds per category for one call of ``compute``."""
+        if not 0 <= stage < self.layout.num_stages:
+            raise ValueError(f"stage {stage} outside 0..{self.layout.num_stages - 1}")
+        tokens, prefix = int(tokens), int(prefix)
+        out: dict = defaultdict(float)
+        for kind, n in self._counts[stage].items():
+            for k, v in self._layer(kind, tokens, prefix).items():
+                out[k] += n * v
+        if stage == 0:
+            for k, v in self._ops_breakdown(embed_ops(self.arch, tokens, self.par)).items():
+                out[k] += v
+        if stage == self.layout.last_stage:
+            for k, v in self._ops_breakdown(head_ops(self.arch, tokens, self.par)).items():
+                out[k] += v
+        if self.device.step_overhead:
+            out["step"] += self.device.step_overhead
+        return dict(out)
+
+    def compute(self, stage: int, tokens: int, prefix: int) -> float:
+        return sum(self.breakdown(stage, tokens, prefix).values())
+
+    def transfer(self, tokens: int) -> float:
+        msg = pp_message_bytes(self.arch, int(tokens), self.par)
+        tp = self.par.tp
+        if tp == 1:
+            return self.device.pp_p2p(msg)
+        return self.device.pp_p2p(msg / tp) + self.device.allgather(msg, tp)

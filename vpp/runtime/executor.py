@@ -1,0 +1,250 @@
+"""The executor: runs a :class:`~vpp.schedules.ir.Plan` on real ranks with real stage modules.
+
+It interprets the IR and nothing else (see :mod:`.ir` for the semantics of each action and of the
+two communication modes). This rank runs ``plan.actions[pp_rank]`` in order:
+
+* ``F`` COMPUTE  -- stage ``s`` on chunk ``c`` of request ``q``: its input is the prompt slice (stage 0)
+  or stage ``s-1``'s output (received or handed over; in async mode the compute first waits for the
+  receive). The stage reads and extends its own KV cache for ``q``. The last stage keeps the
+  last-token logits of the request's last chunk.
+* ``S``/``R`` SEND/RECV -- point-to-point on the directional pipeline channel of
+  :meth:`ParallelGroups.pp_channel`; receive buffers are sized per chunk (the last one is ragged).
+  Blocking mode waits at once; async mode posts and waits where the data is needed (receives) or at
+  the end (sends).
+* ``L`` HANDOFF  -- nothing moves: the output stays in this rank's activation table for stage s+1.
+
+Request streams (see :mod:`.ir`): before stage 0 computes a request's first chunk, the executor sleeps
+until the request's arrival (seconds after the start barrier, the trace's origin) and, under a
+concurrency limit, until the gating request has finished. Where that request's last stage lives on
+another rank, the rank holding it posts a completion notice in the process group's store.
+
+Every wait goes through a :class:`~.watchdog.Watchdog`: a rank that raises posts a notice naming itself
+and its action, and the others stop within ``poll_s``; a rank that dies breaks the connection; a rank
+that hangs trips ``timeout_s``. Nothing hangs.
+
+The executor records the simulator's trace format (:mod:`.trace`): compute spans (after device
+synchronisation), blocked send/recv spans, spans for posting non-blocking ops (gloo may move the data
+in the posting thread, so posting can take as long as the transfer), and the scheduling overhead
+(time spent in the interpreter outside compute and communication).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from vpp.parallel.comm import irecv, isend
+from vpp.parallel.groups import ParallelGroups
+
+from vpp.plan.ir import COMPUTE, HANDOFF, RECV, SEND, Action, Plan
+from vpp.plan.trace import Span, Trace
+
+from .handshake import RankInfo
+from .watchdog import ExecutionError, Watchdog
+
+
+@dataclass
+class ExecutionResult:
+    """What one rank got out of a run: last-token logits per request (on the rank holding the last
+    stage, else empty), this rank's spans, and interpreter overhead."""
+
+    logits: dict[int, torch.Tensor]
+    spans: list[Span]
+    overhead_s: float
+    num_actions: int
+    meta: dict = field(default_factory=dict)
+
+    def trace(self, num_ranks: int) -> Trace:
+        return Trace(num_ranks, tuple(self.spans), dict(self.meta))
+
+
+class Executor:
+    """Interprets ``plan`` on this rank. ``stages`` maps stage id -> module for every stage the layout
+    puts on this pipeline rank; ``infos`` are the handshake descriptors of this rank's pipeline
+    (indexed by pipeline rank), used for receive-buffer shapes."""
+
+    def __init__(self, plan: Plan, stages: Mapping[int, torch.nn.Module], groups: ParallelGroups,
+                 pipeline: Sequence[RankInfo], *, run_key: str, timeout_s: float = 300.0,
+                 poll_s: float = 0.05, progress: Callable[[int], None] | None = None):
+        self.plan, self.stages, self.groups = plan, dict(stages), groups
+        self.me = groups.pp.rank
+        self.requests = {q.id: q for q in plan.requests}
+        self.hidden = {}
+        for info in pipeline:
+            for st in info.stages:
+                self.hidden[plan.layout.stage_of_layer(st.layer_range[0])] = (st.hidden_size, st.dtype)
+        self.watchdog = Watchdog(run_key, self.me, timeout_s=timeout_s, poll_s=poll_s,
+                                 pollable=groups.accelerator.backend != "gloo")
+        self.device = groups.device
+        self.progress = progress  # called with the number of chunks through stage 0 so far
+        layout = plan.layout
+        self.gates_remote = plan.concurrency is not None and layout.rank_of(0) != layout.rank_of(layout.last_stage)
+
+    # --- the interpreter loop ---------------------------------------------------------------------
+
+    def run(self, prompts: Mapping[int, torch.Tensor] | None) -> ExecutionResult:
+        self.prompts = dict(prompts or {})
+        self.ready: dict[tuple, torch.Tensor] = {}  # activation (producer stage, request, chunk) -> tensor
+        self.pending: dict[tuple, tuple] = {}  # posted async receive: key -> (work, peer, action)
+        self.sends: list[tuple] = []  # posted async sends: (work, tensor, action)
+        self.logits: dict[int, torch.Tensor] = {}
+        self.spans: list[Span] = []
+        self.entered = 0
+        busy = 0.0
+        actions = self.plan.actions[self.me]
+        self.t0 = time.perf_counter()
+        step, action = 0, None
+        try:
+            with torch.inference_mode():
+                for step, action in enumerate(actions):
+                    busy += self._do(action)
+                busy += self._finish_sends()
+        except ExecutionError:
+            self.watchdog.notify_failure(self._where(step, action, "stopped"))
+            raise
+        except Exception as exc:
+            notice = self._where(step, action, f"raised {type(exc).__name__}: {exc}")
+            self.watchdog.notify_failure(notice)
+            raise ExecutionError(notice, rank=self.me, action=str(action)) from exc
+        finally:
+            self.watchdog.close()
+        total = time.perf_counter() - self.t0
+        return ExecutionResult(self.logits, self.spans, max(0.0, total - busy), len(actions),
+                               {"source": "executed", "plan": self.plan.name, "comm": self.plan.comm})
+
+    def _where(self, step: int, action: Action | None, what: str) -> str:
+        return f"pipeline rank {self.me} (global rank {self.groups.global_rank}) {what} at step {step} ({action})"
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _do(self, a: Action) -> float:
+        """Run one action; returns the seconds it spent computing or blocked (not overhead)."""
+        if a.op == COMPUTE:
+            return self._compute(a)
+        if a.op == SEND:
+            return self._send(a)
+        if a.op == RECV:
+            return self._recv(a)
+        if a.op == HANDOFF:
+            if a.key not in self.ready:
+                raise RuntimeError(f"hand-off of {a.key} before it was produced")
+            return 0.0
+        raise ValueError(f"unknown action {a}")
+
+    # --- actions ----------------------------------------------------------------------------------
+
+    def _admit(self, a: Action) -> float:
+        """Hold back the first chunk of a request until it arrived and its admission gate opened."""
+        q = self.requests[a.request]
+        start = self._now()
+        gate = self.plan.admission_gate(q.id)
+        last_rank = self.plan.layout.rank_of(self.plan.layout.last_stage)
+        if gate is not None and last_rank != self.me:
+            self.watchdog.wait_done(gate.id, str(a), last_rank)
+        delay = q.arrival - self._now()
+        if delay > 0:
+            time.sleep(delay)
+        end = self._now()
+        if end > start:
+            self.spans.append(Span(self.me, "wait", start, end, a.stage, a.request, a.chunk))
+        return end - start
+
+    def _compute(self, a: Action) -> float:
+        blocked = 0.0
+        if a.stage == 0 and a.chunk == 0:
+            blocked += self._admit(a)
+        if a.stage == 0:
+            q = self.requests[a.request]
+            offset = q.offset(a.chunk)
+            x = self.prompts[a.request][offset: offset + q.tokens(a.chunk)].to(self.device)
+        else:
+            src = (a.stage - 1, a.request, a.chunk)
+            if src in self.pending:
+                blocked = self._wait_recv(src)
+            x = self.ready.pop(src)
+        stage = self.stages[a.stage]
+        q = self.requests[a.request]
+        last = a.stage == self.plan.layout.last_stage
+        start = self._now()
+        out = stage(x, a.request, q.offset(a.chunk), last_token_only=last) if last else \
+            stage(x, a.request, q.offset(a.chunk))
+        self.groups.accelerator.synchronize(self.device)
+        end = self._now()
+        self.spans.append(Span(self.me, "compute", start, end, a.stage, a.request, a.chunk))
+        if self.progress is not None and a.stage == 0:
+            self.entered += 1
+            self.progress(self.entered)
+        if last:
+            if a.chunk == q.num_chunks - 1:
+                self.logits[a.request] = out[-1]
+                if self.gates_remote:
+                    self.watchdog.mark_done(a.request)
+        else:
+            self.ready[a.key] = out
+        return blocked + (end - start)
+
+    def _send(self, a: Action) -> float:
+        x = self.ready.pop(a.key)
+        hidden, dtype = self.hidden[a.stage]
+        expected = (self.requests[a.request].tokens(a.chunk), hidden)
+        if tuple(x.shape) != expected or str(x.dtype) != dtype:
+            raise ValueError(f"stage {a.stage} produced {tuple(x.shape)} {x.dtype} for request {a.request} "
+                             f"chunk {a.chunk}, but its receiver expects {expected} {dtype}")
+        channel = self.groups.pp_channel(self.me, a.peer)
+        start = self._now()
+        work = isend(x, a.peer, channel)
+        if self.plan.comm == "blocking":
+            self.watchdog.wait(work, str(a), a.peer)
+            end = self._now()
+            self.spans.append(Span(self.me, "send", start, end, *a.key, peer=a.peer))
+            return end - start
+        # posting is not free: gloo may write the data out in this thread when the peer is ready
+        end = self._now()
+        self.spans.append(Span(self.me, "send", start, end, *a.key, peer=a.peer))
+        self.sends.append((work, x, a))
+        return end - start
+
+    def _recv(self, a: Action) -> float:
+        hidden, dtype = self.hidden[a.stage]
+        tokens = self.requests[a.request].tokens(a.chunk)
+        buf = torch.empty(tokens, hidden, dtype=getattr(torch, dtype.replace("torch.", "")), device=self.device)
+        channel = self.groups.pp_channel(a.peer, self.me)
+        start = self._now()
+        work = irecv(buf, a.peer, channel)
+        self.ready[a.key] = buf
+        if self.plan.comm == "blocking":
+            self.watchdog.wait(work, str(a), a.peer)
+            end = self._now()
+            self.spans.append(Span(self.me, "recv", start, end, *a.key, peer=a.peer))
+            return end - start
+        end = self._now()
+        self.spans.append(Span(self.me, "recv", start, end, *a.key, peer=a.peer))
+        self.pending[a.key] = (work, a)
+        return end - start
+
+    def _wait_recv(self, key: tuple) -> float:
+        work, a = self.pending.pop(key)
+        start = self._now()
+        self.watchdog.wait(work, str(a), a.peer)
+        end = self._now()
+        if end > start:
+            self.spans.append(Span(self.me, "recv", start, end, *a.key, peer=a.peer))
+        return end - start
+
+    def _finish_sends(self) -> float:
+        blocked = 0.0
+        for work, _, a in self.sends:
+            start = self._now()
+            self.watchdog.wait(work, str(a), a.peer)
+            end = self._now()
+            if end > start:
+                self.spans.append(Span(self.me, "send", start, end, *a.key, peer=a.peer))
+            blocked += end - start
+        self.sends.clear()
+        if self.pending:
+            raise RuntimeError(f"receives {sorted(self.pending)} were posted but never consumed")
+        return blocked
