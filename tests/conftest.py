@@ -27,8 +27,16 @@ def _children() -> set[int]:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == me and fields[0] != "Z":
-                out.add(int(entry))
+            if int(fields[1]) != me or fields[0] == "Z":
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if b"resource_tracker" in cmd:  # multiprocessing's one shared helper, not a rank
+                continue
+            out.add(int(entry))
     except FileNotFoundError:
         pass
     return out

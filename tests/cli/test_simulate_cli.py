@@ -19,7 +19,7 @@ def test_table(capsys):
 
 
 def test_json_shows_vpp_beating_cpp(capsys):
-    cli.main(["simulate", "--pp", "2", "--seq-len", "65536", "--chunk-size", "8192", "--json", "--latency", "0",
+    cli.main(["simulate", "--pp", "2", "--seq-len", "65536", "--chunk-size", "8192", "--json", "--latency", "1e-9",
               "--bandwidth", "1e15"])
     plans = json.loads(capsys.readouterr().out)["plans"]
     assert set(plans) == {"CPP", "VPP", "VPP-Async"}

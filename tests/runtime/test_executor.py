@@ -127,7 +127,7 @@ class _Faulty(ToyStage):
             if kind == "die":
                 os._exit(3)
             if kind == "hang":
-                time.sleep(30)
+                time.sleep(600)  # the harness kills it
         return super().forward(x, request, offset, **kw)
 
 
@@ -173,8 +173,9 @@ def test_a_rank_that_dies_stops_its_peer(tmp_path):
 
 
 def test_a_rank_that_hangs_trips_the_timeout(tmp_path):
-    with pytest.raises(RankFailure):
-        run_distributed(_faulty_run, 2, "hang", "vpp", str(tmp_path), 2.0, timeout=12)
+    with pytest.raises(RankFailure) as info:  # rank 0 answers; rank 1 never does (the harness's timeout)
+        run_distributed(_faulty_run, 2, "hang", "vpp", str(tmp_path), 2.0, timeout=45)
+    assert info.value.rank == 1
     took, message = _read(tmp_path, 0)
     assert "timed out after 2s" in message and "waiting for pipeline rank 1" in message
     assert took < 10
@@ -199,6 +200,10 @@ def _bad_input(rank, world, what):
             else [ToyStage((2, 3), 4, vocab_size=VOCAB)]
     elif what == "hidden":
         stages = _stages(layout, rank, hidden_size=16 if rank == 0 else 24)
+    elif what == "prompt list":  # only rank 0 holds the prompt: its problem must reach rank 1 too
+        prompt = [prompt, "not a prompt"]
+    elif what == "float prompt":
+        prompt = prompt.float()
     try:
         forward_prefill(stages, prompt if rank == 0 else None, chunk, groups, schedule="vpp", timeout_s=20)
     except (ValueError, ExecutionError) as exc:
@@ -213,6 +218,8 @@ def _bad_input(rank, world, what):
     ("too long", "prompt has 40 tokens, more than the model's 32 positions"),
     ("gap", r"stage modules do not form a pipeline .*layer ranges by pipeline rank"),
     ("hidden", "stages disagree on"),
+    ("prompt list", r"prompt 1 must be a 1-D tensor of token ids or a non-empty list of ints; got str"),
+    ("float prompt", r"prompt must hold integer token ids, got torch.float32"),
 ])
 def test_bad_input_is_a_clear_error_on_every_rank(what, message):
     results = run_distributed(_bad_input, 2, what, timeout=60)

@@ -107,6 +107,16 @@ def _simulated(plan, trace, transfer_s: float):
     return simulate(plan, cost, check=False)
 
 
+def layout_for(model, schedule: str, pp: int, folds: int = 1):
+    """The layout ``schedule`` runs ``model`` on: its strategy's kind, stages as even as the model's
+    allowed stage starts permit."""
+    kind = strategies.get(schedule).layout
+    folds = 1 if kind == "loop" else folds
+    n_stages = pp * (1 if kind == "loop" else 2 * folds)
+    partition = snap_partition(model.num_layers, n_stages, model.stage_starts)
+    return make_layout(kind, model.num_layers, pp, folds=folds, partition=partition)
+
+
 def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict]:
     """Run every schedule ``cfg.repeat`` times, interleaved; returns the rows and run facts."""
     if cfg.pin and groups.accelerator.kind == "cpu" and groups.sizes.world_size <= (os.cpu_count() or 1):
@@ -115,15 +125,8 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     model = open_model(cfg.model, dtype=dtype, seed=cfg.seed, moe_dispatch=cfg.moe_dispatch)
     vocab = int(model.config.get("vocab_size", 512))
     prompt = torch.randint(0, vocab, (cfg.seq_len,), generator=torch.Generator().manual_seed(cfg.seed + 1))
-    stages, layouts = {}, {}
-    for sched in cfg.schedules:
-        kind = strategies.get(sched).layout
-        folds = 1 if kind == "loop" else cfg.folds
-        n_stages = groups.pp.size * (1 if kind == "loop" else 2 * folds)
-        partition = snap_partition(model.num_layers, n_stages, model.stage_starts)
-        layout = make_layout(kind, model.num_layers, groups.pp.size, folds=folds, partition=partition)
-        layouts[sched] = layout
-        stages[sched] = model.stages(layout, groups)
+    layouts = {sched: layout_for(model, sched, groups.pp.size, cfg.folds) for sched in cfg.schedules}
+    stages = {sched: model.stages(layouts[sched], groups) for sched in cfg.schedules}
     say(groups, f"vpp prefill: {cfg.model}, tp={cfg.tp} pp={cfg.pp}, {cfg.seq_len} tokens in chunks of "
                  f"{cfg.chunk_size}; " + "; ".join(f"{s}: {layouts[s].describe()}" for s in cfg.schedules))
     # DCPP's planner is profiled once on the real first stage (vLLM-Ascend's start-up profiling)

@@ -1,12 +1,23 @@
 """The ``vpp`` command. Each sub-command lives in its own module that defines
-``add_arguments(parser)`` and ``run(args) -> int``; this file only dispatches."""
+``add_arguments(parser)`` and ``run(args) -> int`` (and optionally ``check(args)``, run in this
+process before any rank starts); this file only dispatches and reports.
+
+Every problem is one line on stderr, ``vpp <command>: error: ...``: argument and configuration
+problems (found before any rank starts) exit 2, failures while running exit 1, Ctrl-C exits 130.
+``--debug`` shows the traceback as well. Under torchrun a failed rank exits at once after its line
+(``os._exit``): a transfer stuck in a dead peer would otherwise keep the process alive, and torchrun
+stops the other ranks when one exits.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 
+from vpp.cli.args import UsageError
 from vpp.cli.output import setup_logging
 
 # name -> (module, one-line help). Command modules stay light: heavy imports happen inside run().
@@ -21,20 +32,64 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage problem is one line (``vpp <command>: error: ...``) and exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(message, prog=self.prog)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vpp", description="Virtual Pipeline Parallelism for chunked prefill")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="vpp", description="Virtual Pipeline Parallelism for chunked prefill")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
+        p.add_argument("--debug", action="store_true", help="show tracebacks")
         p.set_defaults(_module=module)
         importlib.import_module(module).add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging()
-    return int(importlib.import_module(args._module).run(args) or 0)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    prog = "vpp"
+    try:
+        args = build_parser().parse_args(argv)
+        prog = f"vpp {args.command}"
+        setup_logging()
+        module = importlib.import_module(args._module)
+        if hasattr(module, "check"):
+            module.check(args)
+        return int(module.run(args) or 0)
+    except UsageError as exc:
+        return _fail(exc.prog or prog, str(exc), 2, debug)
+    except KeyboardInterrupt:
+        return _fail(prog, "interrupted", 130, debug)
+    except Exception as exc:  # noqa: BLE001 -- every failure becomes one line
+        return _fail(prog, _summary(exc), 1, debug)
+
+
+def _summary(exc: BaseException) -> str:
+    """The first line of the error (a failed rank's ``summary`` when it has one)."""
+    text = (getattr(exc, "summary", None) or str(exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _fail(prog: str, message: str, code: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    if _under_torchrun():
+        sys.stdout.flush()
+        os._exit(code)
+    return code
+
+
+def _under_torchrun() -> bool:
+    from vpp.parallel.launch import launched_by_torchrun
+    return launched_by_torchrun()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
                   [--out benchmarks/results/cpu_calibration.json]
 
 Then ``vpp tune --device cpu --calibration benchmarks/results/cpu_calibration.json ...`` (or
-``get_device("cpu", calibration=path)``) uses the timed constants. See :mod:`vpp.perf.calibrate`.
+``get_device("cpu", calibration=path)``) uses the timed constants. See :mod:`vpp.bench.calibrate`.
 """
 
 from __future__ import annotations
@@ -13,18 +13,27 @@ import json
 import os
 
 from vpp.bench.calibrate import calibrate
+from vpp.cli.args import UsageError, positive_int, writable_dir
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default="tiny-deepseek", help="tiny-qwen, tiny-deepseek or tiny-glm")
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--chunk", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--runs", type=int, default=3, help="prefills to time (median per chunk)")
+    parser.add_argument("--model", default="tiny-deepseek", choices=("tiny-qwen", "tiny-deepseek", "tiny-glm"))
+    parser.add_argument("--tokens", type=positive_int, default=4096)
+    parser.add_argument("--chunk", type=positive_int, default=512)
+    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--runs", type=positive_int, default=3, help="prefills to time (median per chunk)")
     parser.add_argument("--check", action="store_true",
                         help="also predict the other tiny models with the calibrated device (no re-fit)")
     parser.add_argument("--link", action="store_true", help="also time gloo send/recv between two processes")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results", "cpu_calibration.json"))
+
+
+def check(args) -> None:
+    if args.chunk > args.tokens:
+        raise UsageError(f"--chunk {args.chunk} is longer than --tokens {args.tokens}")
+    if os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out}: is a directory, not a file")
+    writable_dir(os.path.dirname(os.path.abspath(args.out)), "--out")
 
 
 def run(args) -> int:

@@ -12,47 +12,54 @@ import json
 import math
 import sys
 
+from vpp.cli.args import UsageError, nonnegative_float, positive_float, positive_int, writable_dir, writable_file
+from vpp.cli.checks import open_checked
 from vpp.cli.output import progress_bar, setup_logging
 from vpp.plan import strategies
-
-
 
 def add_arguments(p) -> None:
     p.add_argument("--model", default="tiny-deepseek",
                    help="tiny-deepseek | tiny-qwen | tiny-glm | toy | a model directory (config.json + safetensors)")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=2)
-    p.add_argument("--seq-len", type=int, default=8192)
-    p.add_argument("--chunk-size", type=int, default=1024)
+    p.add_argument("--tp", type=positive_int, default=1)
+    p.add_argument("--pp", type=positive_int, default=2)
+    p.add_argument("--seq-len", type=positive_int, default=8192)
+    p.add_argument("--chunk-size", type=positive_int, default=1024)
     p.add_argument("--schedule", default="cpp,vpp,vpp-async",
                    help=f"comma-separated, from: {', '.join(strategies.PLANNED)}")
-    p.add_argument("--folds", type=int, default=1, help="folds of the V (2*folds stages per rank)")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--folds", type=positive_int, default=1, help="folds of the V (2*folds stages per rank)")
+    p.add_argument("--repeat", type=positive_int, default=3)
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--moe-dispatch", default="allreduce", choices=("allreduce", "alltoall"))
-    p.add_argument("--threads", type=int, default=1, help="torch threads per spawned rank")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a stuck run fails")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per spawned rank")
+    p.add_argument("--timeout", type=positive_float, default=1800.0,
+                   help="seconds before a stuck rank fails the run (also the process group's timeout)")
     p.add_argument("--check", action="store_true", help="compare logits with an unpipelined forward")
-    p.add_argument("--atol", type=float, default=1e-3, help="--check tolerance on logits")
+    p.add_argument("--atol", type=nonnegative_float, default=1e-3, help="--check tolerance on logits")
     p.add_argument("--save-logits", metavar="FILE", help="write prompt ids and last-token logits (safetensors)")
     p.add_argument("--trace", metavar="DIR", help="write Chrome traces and PNG timelines")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--no-progress", action="store_true")
 
 
+def check(args) -> None:
+    """Everything that can be wrong before a rank starts (see vpp.cli.checks)."""
+    try:
+        args.schedules = strategies.parse(args.schedule, strategies.PLANNED)
+    except ValueError as exc:
+        raise UsageError(f"--schedule: {exc}") from None
+    open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds)
+    if args.save_logits:
+        writable_file(args.save_logits, "--save-logits")
+    if args.trace:
+        writable_dir(args.trace, "--trace")
+
+
 def _config(args):
     from vpp.bench.prefill import BenchConfig
-    try:
-        schedules = strategies.parse(args.schedule, strategies.PLANNED)
-    except ValueError as exc:
-        raise SystemExit(f"vpp prefill: error: --schedule: {exc}") from None
-    for name in ("tp", "pp", "seq_len", "chunk_size", "repeat", "folds"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"vpp prefill: --{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     return BenchConfig(model=args.model, tp=args.tp, pp=args.pp, seq_len=args.seq_len, chunk_size=args.chunk_size,
-                       schedules=schedules, folds=args.folds, repeat=args.repeat, warmup=not args.no_warmup,
+                       schedules=args.schedules, folds=args.folds, repeat=args.repeat, warmup=not args.no_warmup,
                        dtype=args.dtype, seed=args.seed, moe_dispatch=args.moe_dispatch, timeout_s=args.timeout,
                        check=args.check, trace_dir=args.trace, save_logits=args.save_logits,
                        progress=None if args.no_progress else progress_bar)
@@ -72,7 +79,8 @@ def _worker(rank: int, world: int, cfg):
 def run(args) -> int:
     cfg = _config(args)
     from vpp.parallel import launch
-    out = launch(_worker, cfg.tp * cfg.pp, cfg, timeout=cfg.timeout_s * 2, threads=args.threads)[0]
+    out = launch(_worker, cfg.tp * cfg.pp, cfg, timeout=cfg.timeout_s * 2, threads=args.threads,
+                 pg_timeout_s=cfg.timeout_s)[0]
     if out is None:  # under torchrun, every rank but global rank 0
         return 0
     rows, facts = out
@@ -90,17 +98,17 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
     failed = []
     if cfg.check:
         failed = [r.schedule for r in rows if r.max_abs_diff is None or r.max_abs_diff > atol]
-    if cfg.save_logits:
+    if as_json:
+        out = {"config": {k: v for k, v in vars(cfg).items() if k != "progress"}, "transfer_s": facts["transfer_s"],
+               "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check")}
+        print(json.dumps(out, indent=2, default=str), flush=True)
+    else:
+        print(_table(rows, facts, cfg), flush=True)
+    if cfg.save_logits:  # after the results are out: a failure here loses nothing measured
         from safetensors.torch import save_file
         tensors = {"input_ids": facts["prompt"].contiguous()}
         tensors.update({f"logits.{s}": t.float().contiguous() for s, t in facts["logits"].items()})
         save_file(tensors, cfg.save_logits, metadata={"model": cfg.model, "chunk_size": str(cfg.chunk_size)})
-    if as_json:
-        out = {"config": {k: v for k, v in vars(cfg).items()}, "transfer_s": facts["transfer_s"],
-               "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check")}
-        print(json.dumps(out, indent=2, default=str))
-    else:
-        print(_table(rows, facts, cfg))
     if failed:
         print(f"CHECK FAILED: logits of {failed} differ from the unpipelined reference by more than "
               f"atol={atol}: {facts['check']}", file=sys.stderr)

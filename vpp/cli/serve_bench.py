@@ -7,23 +7,44 @@ from __future__ import annotations
 import json
 import math
 
+from vpp.cli.args import UsageError, int_list, positive_float, positive_int
+from vpp.cli.checks import open_checked
 from vpp.cli.output import setup_logging
 from vpp.plan import strategies
 
 
 def add_arguments(p) -> None:
     p.add_argument("--model", default="tiny-deepseek")
-    p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--pp", type=positive_int, default=2)
     p.add_argument("--workload", default="long", choices=("long", "mixed", "short"))
-    p.add_argument("--scale", type=float, default=64, help="paper token counts are divided by this")
-    p.add_argument("--n", type=int, help="number of requests (mixed: 24, short: 12)")
-    p.add_argument("--concurrency", type=int, help="requests in flight (long: 1, mixed: 4, short: all)")
-    p.add_argument("--lengths", help="long workload: comma-separated paper-scale lengths (default 64K..1M)")
-    p.add_argument("--chunk-size", type=int, default=512)
+    p.add_argument("--scale", type=positive_float, default=64, help="paper token counts are divided by this")
+    p.add_argument("--n", type=positive_int, help="number of requests (mixed: 24, short: 12)")
+    p.add_argument("--concurrency", type=positive_int, help="requests in flight (long: 1, mixed: 4, short: all)")
+    p.add_argument("--lengths", type=int_list, help="long workload: comma-separated paper-scale lengths (default 64K..1M)")
+    p.add_argument("--chunk-size", type=positive_int, default=512)
     p.add_argument("--contenders", default=",".join(strategies.CONTENDERS))
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=positive_int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=positive_float, default=1800.0,
+                   help="seconds before a stuck rank fails the run (also the process group's timeout)")
     p.add_argument("--json", action="store_true")
+
+
+def check(args) -> None:
+    from vpp.bench.streams import StreamConfig, make_workload
+    try:
+        contenders = strategies.parse(args.contenders, strategies.CONTENDERS)
+    except ValueError as exc:
+        raise UsageError(f"--contenders: {exc}") from None
+    args.cfg = StreamConfig(model=args.model, pp=args.pp, workload=args.workload, scale=args.scale, n=args.n,
+                            concurrency=args.concurrency, lengths=args.lengths, chunk_size=args.chunk_size,
+                            contenders=contenders, repeat=args.repeat, seed=args.seed, timeout_s=args.timeout)
+    lengths = make_workload(args.cfg).lengths
+    if "gpipe" in contenders and any(n % args.chunk_size for n in lengths):
+        raise UsageError(f"--contenders gpipe needs prompt lengths that are multiples of --chunk-size "
+                         f"{args.chunk_size}; the {args.workload} workload has {sorted(set(lengths))[:6]} "
+                         f"(drop gpipe or change --chunk-size / --scale)")
+    open_checked(args.model, tp=1, pp=args.pp, schedules=[c for c in contenders if c != "gpipe"] or ["cpp"])
 
 
 def _worker(rank, world, cfg):
@@ -37,16 +58,8 @@ def _worker(rank, world, cfg):
 
 def run(args) -> int:
     from vpp.parallel import launch
-    from vpp.bench.streams import StreamConfig
-    try:
-        contenders = strategies.parse(args.contenders, strategies.CONTENDERS)
-    except ValueError as exc:
-        raise SystemExit(f"vpp serve-bench: error: --contenders: {exc}") from None
-    lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths else None
-    cfg = StreamConfig(model=args.model, pp=args.pp, workload=args.workload, scale=args.scale, n=args.n,
-                       concurrency=args.concurrency, lengths=lengths, chunk_size=args.chunk_size,
-                       contenders=contenders, repeat=args.repeat, seed=args.seed)
-    out = launch(_worker, cfg.pp, cfg)[0]
+    cfg = args.cfg
+    out = launch(_worker, cfg.pp, cfg, timeout=cfg.timeout_s * 2, pg_timeout_s=cfg.timeout_s)[0]
     if out is None:
         return 0
     rows, facts = out

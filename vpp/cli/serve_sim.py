@@ -17,25 +17,27 @@ from __future__ import annotations
 import argparse
 import json
 
+from vpp.cli.args import (UsageError, check_chunk_count, nonnegative_int, positive_float, positive_int)
+
 WORKLOADS = ("long", "short", "mixed")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="long", choices=WORKLOADS, help="the paper's workload (Sec. 6.1)")
-    parser.add_argument("--scale", type=float, default=32, help="divide the paper's token counts by this")
+    parser.add_argument("--scale", type=positive_float, default=32, help="divide the paper's token counts by this")
     parser.add_argument("--seed", type=int, default=0, help="seed of drawn lengths and arrivals")
-    parser.add_argument("--n", type=int, default=None, help="requests (short: 100, mixed: 500)")
-    parser.add_argument("--lengths", type=int, nargs="+", default=None,
+    parser.add_argument("--n", type=positive_int, default=None, help="requests (short: 100, mixed: 500)")
+    parser.add_argument("--lengths", type=positive_int, nargs="+", default=None,
                         help="long: paper-scale prompt lengths (default 64K .. 1M)")
-    parser.add_argument("--repeat", type=int, default=1, help="long: each length this many times")
-    parser.add_argument("--length", type=int, default=None, help="short: one paper-scale length for all (4096/8192/16384)")
-    parser.add_argument("--concurrency", type=int, default=None,
+    parser.add_argument("--repeat", type=positive_int, default=1, help="long: each length this many times")
+    parser.add_argument("--length", type=positive_int, default=None, help="short: one paper-scale length for all (4096/8192/16384)")
+    parser.add_argument("--concurrency", type=nonnegative_int, default=None,
                         help="requests in flight (default: long 1, short all, mixed 16); 0 = unlimited")
-    parser.add_argument("--rate", type=float, default=None, help="Poisson arrivals per second (default: all at 0)")
-    parser.add_argument("--pp", type=int, default=2, help="pipeline ranks P")
-    parser.add_argument("--folds", type=int, default=1, help="folds of the V")
-    parser.add_argument("--layers", type=int, default=8, help="model layers")
-    parser.add_argument("--chunk-size", type=int, default=1024, help="chunk size (DCPP: budget), scaled tokens")
+    parser.add_argument("--rate", type=positive_float, default=None, help="Poisson arrivals per second (default: all at 0)")
+    parser.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks P")
+    parser.add_argument("--folds", type=positive_int, default=1, help="folds of the V")
+    parser.add_argument("--layers", type=positive_int, default=8, help="model layers")
+    parser.add_argument("--chunk-size", type=positive_int, default=1024, help="chunk size (DCPP: budget), scaled tokens")
     parser.add_argument("--dcpp", default="vllm-ascend", choices=("vllm-ascend", "sglang"), help="DCPP planner")
     parser.add_argument("--strategies", nargs="+", default=None, help="subset of cpp dcpp vpp vpp-async vpp-packed (and the variants cpp-async dcpp-async vpp-async-pipelined)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -54,15 +56,28 @@ def workload_from_args(args):
     return W.mixed(args.scale, args.seed, n=args.n or 500, rate=args.rate, **kw)
 
 
-def run(args) -> int:
-    from vpp.bench.stream_sim import EXTRA, STRATEGIES, StreamSetup, compare, format_effect, format_table, packing_effect
+def check(args) -> None:
+    from vpp.bench.stream_sim import EXTRA, STRATEGIES
     from vpp.plan import strategies as registry
+    from vpp.plan.layout import make_layout
 
     try:
-        strategies = registry.parse(args.strategies or STRATEGIES, STRATEGIES + EXTRA)
+        args.strategy_names = registry.parse(args.strategies or STRATEGIES, STRATEGIES + EXTRA)
     except ValueError as exc:
-        raise SystemExit(f"vpp serve-sim: error: --strategies: {exc}") from None
-    workload = workload_from_args(args)
+        raise UsageError(f"--strategies: {exc}") from None
+    try:
+        make_layout("v", args.layers, args.pp, folds=args.folds)
+        args.workload_obj = workload_from_args(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    check_chunk_count(args.workload_obj.lengths, args.chunk_size)
+
+
+def run(args) -> int:
+    from vpp.bench.stream_sim import StreamSetup, compare, format_effect, format_table, packing_effect
+
+    strategies = args.strategy_names
+    workload = args.workload_obj
     setup = StreamSetup(pp=args.pp, layers=args.layers, folds=args.folds, chunk_size=args.chunk_size,
                         dcpp_variant=args.dcpp)
     rows = compare(setup, workload, strategies)

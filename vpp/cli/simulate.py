@@ -17,25 +17,42 @@ from __future__ import annotations
 import argparse
 import os
 
+from vpp.cli.args import (UsageError, check_chunk_count, fraction, nonnegative_int, positive_float, positive_int,
+                          writable_dir)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pp", type=int, required=True, help="pipeline ranks P")
+    parser.add_argument("--pp", type=positive_int, required=True, help="pipeline ranks P")
     parser.add_argument("--layout", default="v", choices=("v", "interleaved", "loop"), help="layout of the VPP plans")
-    parser.add_argument("--folds", type=int, default=1, help="folds of the V (2 = W); stages per rank = 2 x folds")
-    parser.add_argument("--seq-len", type=int, nargs="+", required=True, help="prompt length(s), one per request")
-    parser.add_argument("--chunk-size", type=int, required=True, help="tokens per chunk (the last is ragged)")
-    parser.add_argument("--layers", type=int, default=0, help="model layers (default: 4 per VPP stage)")
+    parser.add_argument("--folds", type=positive_int, default=1, help="folds of the V (2 = W); stages per rank = 2 x folds")
+    parser.add_argument("--seq-len", type=positive_int, nargs="+", required=True, help="prompt length(s), one per request")
+    parser.add_argument("--chunk-size", type=positive_int, required=True, help="tokens per chunk (the last is ragged)")
+    parser.add_argument("--layers", type=nonnegative_int, default=0, help="model layers (default: 4 per VPP stage)")
     parser.add_argument("--cost", default="linear", choices=("linear", "flops"), help="compute cost model")
-    parser.add_argument("--t", type=float, default=None,
+    parser.add_argument("--t", type=positive_float, default=None,
                         help="linear: seconds per layer for the first chunk (default: 5e-6 x chunk size)")
-    parser.add_argument("--flops", type=float, default=1e14, help="flops: sustained FLOP/s per rank")
-    parser.add_argument("--hidden", type=int, default=4096, help="hidden size (activation width)")
-    parser.add_argument("--latency", type=float, default=5e-5, help="seconds per transfer")
-    parser.add_argument("--bandwidth", type=float, default=3e9, help="bytes/s between ranks")
-    parser.add_argument("--overlap", type=float, default=1.0, help="share of an async transfer that hides")
+    parser.add_argument("--flops", type=positive_float, default=1e14, help="flops: sustained FLOP/s per rank")
+    parser.add_argument("--hidden", type=positive_int, default=4096, help="hidden size (activation width)")
+    parser.add_argument("--latency", type=positive_float, default=5e-5, help="seconds per transfer")
+    parser.add_argument("--bandwidth", type=positive_float, default=3e9, help="bytes/s between ranks")
+    parser.add_argument("--overlap", type=fraction, default=1.0, help="share of an async transfer that hides")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--trace-dir", default=None, help="write <plan>.trace.json and <plan>.chrome.json here")
     parser.add_argument("--png-dir", default=None, help="write <plan>.png timelines here (needs matplotlib)")
+
+
+def check(args) -> None:
+    from vpp.plan.layout import make_layout
+
+    check_chunk_count(args.seq_len, args.chunk_size)
+    stages = args.pp * (1 if args.layout == "loop" else 2 * args.folds)
+    try:
+        make_layout(args.layout, args.layers or 4 * stages, args.pp, folds=args.folds if args.layout != "loop" else 1)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    for option, folder in (("--trace-dir", args.trace_dir), ("--png-dir", args.png_dir)):
+        if folder:
+            writable_dir(folder, option)
 
 
 def _cost(args, layout):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from vpp.cli.args import UsageError, int_list, positive_int, writable_file
 from vpp.bench.sweep import fitted_setups, paper_setup
 from vpp.perf.hardware import get_device
 from vpp.perf.tune import PAPER_CHUNKS, paper_best, tune
@@ -20,22 +21,33 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", default="deepseek-v3.1", help="deepseek-v3.1, glm-5.2, qwen3-coder-30b-a3b or a config.json")
     parser.add_argument("--device", default="910c", help="910c, h100, h200 or cpu")
     parser.add_argument("--calibration", default=None, help="calibration JSON for --device cpu (vpp calibrate)")
-    parser.add_argument("--length", type=int, default=524288, help="prompt tokens")
-    parser.add_argument("--tp", type=int, default=8)
-    parser.add_argument("--pp", type=int, default=2)
-    parser.add_argument("--chunks", default=",".join(map(str, PAPER_CHUNKS)), help="comma-separated budgets")
-    parser.add_argument("--max-folds", type=int, default=2)
-    parser.add_argument("--top", type=int, default=10, help="rows to print")
+    parser.add_argument("--length", type=positive_int, default=524288, help="prompt tokens")
+    parser.add_argument("--tp", type=positive_int, default=8)
+    parser.add_argument("--pp", type=positive_int, default=2)
+    parser.add_argument("--chunks", type=int_list, default=PAPER_CHUNKS, help="comma-separated budgets")
+    parser.add_argument("--max-folds", type=positive_int, default=2)
+    parser.add_argument("--top", type=positive_int, default=10, help="rows to print")
     parser.add_argument("--fit-paper", action="store_true", help="fit eff_attn/eff_link on the paper's CPP row")
     parser.add_argument("--json", default=None, help="also write the ranking here")
 
 
+def check(args) -> None:
+    from vpp.perf.configs import get_config
+    try:
+        args.device_obj = get_device(args.device, args.calibration)
+        get_config(args.model)
+    except (KeyError, ValueError, OSError) as exc:
+        raise UsageError(str(exc).strip("'\"")) from None
+    if args.json:
+        writable_file(args.json, "--json")
+
+
 def run(args) -> int:
-    device = get_device(args.device, args.calibration)
+    device = args.device_obj
     if args.fit_paper:
         device = fitted_setups(device)[0]["deepseek-v3.1"].device
     setup = paper_setup(args.model, device, tp=args.tp, pp=args.pp)
-    chunks = tuple(int(c) for c in args.chunks.split(","))
+    chunks = tuple(args.chunks)
     ranked = tune(setup, args.length, chunks=chunks, max_folds=args.max_folds)
     base = paper_best(setup, args.length, chunks)
     print(f"{args.model} on {device.name}, tp={args.tp} pp={args.pp}, {args.length} tokens: "

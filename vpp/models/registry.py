@@ -9,6 +9,8 @@ from typing import Callable
 
 import torch
 
+from vpp.config import SUPPORTED_MODEL_TYPES
+from vpp.parallel.grid import GridSizes
 from vpp.parallel.groups import ParallelGroups
 
 BUILTIN = ("tiny-deepseek", "tiny-qwen", "tiny-glm", "toy")
@@ -27,6 +29,20 @@ class ModelSource:
     def stages(self, layout, groups: ParallelGroups) -> list[torch.nn.Module]:
         """This pipeline rank's stage modules for ``layout`` (a :class:`vpp.schedules.Layout`), in stage order."""
         return [self.build(layout.stage_layers[s], groups) for s in layout.stages_of(groups.pp.rank)]
+
+    def check(self, layout, sizes: GridSizes) -> None:
+        """Build every stage of ``layout`` as every rank of the grid would, on the meta device (no
+        memory, no weights): a model that cannot be split over these sizes (heads over tp, experts
+        over ep, ...) raises the same error here as on the ranks, before any rank starts."""
+        if self.config.get("model_type") not in SUPPORTED_MODEL_TYPES:
+            return  # the toy model has no parallel dimension
+        from vpp.models.build import build_stage
+        for global_rank in range(sizes.world_size):
+            groups = ParallelGroups.virtual(sizes, global_rank)
+            if groups.dp.rank:
+                continue
+            for s in layout.stages_of(groups.pp.rank):
+                build_stage(self.config, layout.stage_layers[s], groups, device="meta")
 
 
 def open_model(spec: str, *, dtype: torch.dtype = torch.float32, seed: int = 0,

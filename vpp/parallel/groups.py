@@ -66,6 +66,19 @@ class ParallelGroups:
         return self.pp
 
     @staticmethod
+    def virtual(sizes: GridSizes, global_rank: int = 0, *, device: torch.device | str = "meta") -> "ParallelGroups":
+        """``global_rank``'s place in the grid with no process groups behind it (``pg`` is None even
+        for groups of several): for building modules on the meta device to check, before any rank
+        starts, that a model splits over these sizes. Never run collectives on it."""
+        mine = {}
+        for axis, members_list in rank_groups(sizes).items():
+            for members in members_list:
+                if global_rank in members:
+                    mine[axis] = Group(members, members.index(global_rank), None)
+        acc = get_accelerator("cpu")
+        return ParallelGroups(sizes, global_rank, accelerator=acc, device=torch.device(device), pp_up=mine["pp"], **mine)
+
+    @staticmethod
     def single(accelerator: Accelerator | None = None, device: torch.device | None = None) -> "ParallelGroups":
         """One process, no parallelism: every group has one member and no process group."""
         acc = accelerator or get_accelerator("cpu")

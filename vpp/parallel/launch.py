@@ -5,15 +5,28 @@
 :func:`run_distributed` runs a function on N local processes (tests, the CLI on a CPU): each rank's
 return value comes back; when any rank raises or dies, the call fails promptly with that rank's
 traceback, and a rank that hangs past ``timeout`` fails it too. It never hangs.
+
+Failure guarantees of spawned ranks:
+
+* blame: an exception may name the rank at fault in a ``global_rank`` attribute (the watchdog's
+  :class:`~vpp.runtime.watchdog.ExecutionError` does: a rank that timed out waiting for a peer names
+  the peer). :class:`RankFailure` then carries that rank, not the one that waited;
+* spawned ranks die with their parent: each asks the kernel for SIGKILL when its parent exits
+  (Linux ``PR_SET_PDEATHSIG``), and also watches its parent process (other systems); SIGTERM and
+  SIGINT (Ctrl-C) of the parent stop every rank before the call returns.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
 import pickle
 import queue
+import signal
+import sys
 import tempfile
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -26,11 +39,31 @@ from vpp.parallel.device import Accelerator, get_accelerator
 
 
 class RankFailure(RuntimeError):
-    """A spawned rank raised, died or timed out. ``rank`` is the first one that failed."""
+    """A spawned rank raised, died or timed out. ``rank`` is the rank at fault: the one that raised
+    or died first, or the one its peers named (a peer that timed out waiting for it)."""
 
     def __init__(self, rank: int | None, message: str):
         super().__init__(message)
         self.rank = rank
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this process end when ``parent_pid`` does (SIGKILL of the parent included)."""
+    if sys.platform.startswith("linux"):
+        try:
+            PR_SET_PDEATHSIG = 1
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except Exception:  # no libc prctl: the watcher thread below still applies
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="vpp-parent-watch", daemon=True).start()
 
 
 def launched_by_torchrun() -> bool:
@@ -68,8 +101,10 @@ def init_distributed(
 
 def _rank_main(
     rank: int, world_size: int, init_file: str, fn: Callable, args: tuple, results: Any,
-    threads: int, pg_timeout_s: float,
+    threads: int, pg_timeout_s: float, parent_pid: int,
 ) -> None:
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     try:
         torch.set_num_threads(threads)
         init_distributed(
@@ -79,9 +114,10 @@ def _rank_main(
         value = fn(rank, world_size, *args)
         # plain pickle copies tensors by value: torch's queue would pass shared-memory handles that
         # die with this process before the parent reads them
-        results.put((rank, True, pickle.dumps(value)))
+        results.put((rank, True, pickle.dumps(value), None))
     except BaseException as exc:  # noqa: BLE001 -- report everything, including KeyboardInterrupt
-        results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        blamed = getattr(exc, "global_rank", None)
+        results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}", blamed))
     finally:
         if dist.is_initialized():
             try:
@@ -104,30 +140,57 @@ def run_distributed(
     values in rank order. Raises :class:`RankFailure` with the failing rank's traceback as soon as a
     rank raises or exits without reporting, or when ``timeout`` seconds pass.
     """
+    if timeout <= 0:
+        raise ValueError(f"timeout={timeout} must be > 0 seconds")
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="vpp-rdzv-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="vpp-rdzv-") as tmp, _stop_on_sigterm():
         init_file = os.path.join(tmp, "rendezvous")
         procs = [
             ctx.Process(
                 target=_rank_main,
-                args=(r, world_size, init_file, fn, args, results, threads, pg_timeout_s or timeout),
+                args=(r, world_size, init_file, fn, args, results, threads, pg_timeout_s or timeout, os.getpid()),
                 daemon=True,
             )
             for r in range(world_size)
         ]
-        for p in procs:
-            p.start()
         try:
+            for p in procs:
+                p.start()
             return _collect(procs, results, world_size, timeout)
         finally:
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-            for p in procs:
-                p.join(5)
-                if p.is_alive():
-                    p.kill()
+            _stop(procs)
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        if p.pid is not None and p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 3
+    for p in procs:
+        if p.pid is None:
+            continue
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(2)
+
+
+class _stop_on_sigterm:
+    """While spawned ranks run, SIGTERM of this (main-thread) process raises KeyboardInterrupt, so
+    the ranks are stopped by the ``finally`` above before the process exits."""
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            def interrupt(signum, frame):
+                raise KeyboardInterrupt(f"signal {signum}")
+            self.previous = signal.signal(signal.SIGTERM, interrupt)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
 
 
 def _collect(procs: list, results: Any, world_size: int, timeout: float) -> list[Any]:
@@ -136,7 +199,7 @@ def _collect(procs: list, results: Any, world_size: int, timeout: float) -> list
     dead_since: dict[int, float] = {}
     while len(values) < world_size:
         try:
-            rank, ok, value = results.get(timeout=0.1)
+            rank, ok, value, blamed = results.get(timeout=0.1)
         except queue.Empty:
             now = time.monotonic()
             for r, p in enumerate(procs):
@@ -152,45 +215,53 @@ def _collect(procs: list, results: Any, world_size: int, timeout: float) -> list
                 )
             continue
         if not ok:
-            _raise_root_failure(procs, results, world_size, {rank: value}, values)
+            _raise_root_failure(procs, results, world_size, {rank: (value, blamed)}, values)
         values[rank] = pickle.loads(value)
     return [values[r] for r in range(world_size)]
 
 
-def _raise_root_failure(procs, results, world_size, failures: dict[int, str], values: dict) -> None:
+def _raise_root_failure(procs, results, world_size, failures: dict[int, tuple], values: dict) -> None:
     """A rank failed. Its peers often fail a moment later (connection reset) or it was itself
     collateral of a rank that died silently; wait briefly and blame the root cause: a rank that
-    died without reporting, else the first rank that reported an error."""
-    first = next(iter(failures))
+    died without reporting, else a rank the failures name (``global_rank``), else the first rank
+    that reported an error."""
     grace = time.monotonic() + 1.5
     while time.monotonic() < grace:
         try:
-            rank, ok, value = results.get(timeout=0.1)
+            rank, ok, value, blamed = results.get(timeout=0.1)
         except queue.Empty:
             continue
-        (failures.setdefault(rank, value) if not ok else values.setdefault(rank, pickle.loads(value)))
+        (failures.setdefault(rank, (value, blamed)) if not ok else values.setdefault(rank, pickle.loads(value)))
+    named = [b for _, b in failures.values() if b is not None and b not in failures]
+    first = next(iter(failures))
     silent = [r for r, p in enumerate(procs) if r not in failures and r not in values and not p.is_alive()]
     if silent:
         r = silent[0]
         others = ", ".join(f"rank {k}" for k in failures)
         raise RankFailure(r, f"rank {r} exited with code {procs[r].exitcode} without reporting "
                              f"(then {others} failed)")
-    details = "\n".join(f"--- rank {r} ---\n{msg}" for r, msg in failures.items() if r != first)
-    message = f"rank {first} of {world_size} failed:\n{failures[first]}"
+    details = "\n".join(f"--- rank {r} ---\n{msg}" for r, (msg, _) in failures.items() if r != first)
+    if named:
+        message = f"rank {named[0]} of {world_size} failed (named by rank {first}):\n{failures[first][0]}"
+    else:
+        message = f"rank {first} of {world_size} failed:\n{failures[first][0]}"
     if details:
         message += f"\nother ranks failed afterwards:\n{details}"
-    raise RankFailure(first, message)
+    raise RankFailure(named[0] if named else first, message)
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 3600.0,
-           threads: int = 1) -> list[Any]:
+           threads: int = 1, pg_timeout_s: float | None = None) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on every rank: in this process when started by torchrun
     (one rank per process, any number of nodes; returns ``[this rank's value]``), else on
-    ``world_size`` spawned CPU ranks (returns every rank's value)."""
+    ``world_size`` spawned CPU ranks (returns every rank's value). ``pg_timeout_s`` bounds every
+    collective of the process group (default: ``timeout``).
+
+    Under torchrun a failure propagates and the process group is not torn down (a transfer stuck in
+    a dead peer would block the teardown): the caller exits, and torchrun stops the other ranks."""
     if launched_by_torchrun():
-        init_distributed()
-        try:
-            return [fn(dist.get_rank(), dist.get_world_size(), *args)]
-        finally:
-            dist.destroy_process_group()
-    return run_distributed(fn, world_size, *args, timeout=timeout, threads=threads)
+        init_distributed(timeout_s=pg_timeout_s or timeout)
+        value = fn(dist.get_rank(), dist.get_world_size(), *args)
+        dist.destroy_process_group()
+        return [value]
+    return run_distributed(fn, world_size, *args, timeout=timeout, threads=threads, pg_timeout_s=pg_timeout_s)

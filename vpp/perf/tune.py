@@ -22,6 +22,7 @@ from vpp.plan.ir import Request
 from .runs import Setup, requests_for
 from .taper import best_taper
 from .decompose import decompose
+from .memory import rank_memory
 
 PAPER_CHUNKS = (8192, 16384, 24576, 32768)
 
@@ -43,10 +44,20 @@ class Candidate:
 
 @dataclass
 class Result:
+    """``memory``: the busiest device's peak bytes (weights, KV cache, activations; :mod:`.memory`),
+    ``fits``: within the device's memory."""
+
     candidate: Candidate
     ttft: float
     bubble_ratio: float
     chunks: int
+    memory: float = 0.0
+    fits: bool = True
+    breakdown: dict = field(default_factory=dict)
+
+
+class NothingFits(ValueError):
+    """No configuration of a tuning run fits in device memory; the message gives the figures."""
 
 
 def _layout(setup: Setup, cand: Candidate, length: int):
@@ -76,7 +87,10 @@ def evaluate(setup: Setup, cand: Candidate, length: int, sizes=None) -> Result:
         plan = sch.build_vpp(layout, reqs)
     trace = sch.simulate(plan, cost, check=False)
     row = decompose(cand.describe(), plan, trace, cost, view="simulator")
-    return Result(cand, row.total, row.bubble_ratio, row.chunks)
+    worst = max(rank_memory(plan, trace, cost), key=lambda m: m.total)
+    breakdown = {"weights": worst.weights, "kv_cache": worst.kv_cache, "activations": worst.activations}
+    return Result(cand, row.total, row.bubble_ratio, row.chunks, worst.total, worst.total <= setup.device.mem_bytes,
+                  breakdown)
 
 
 def candidates(setup: Setup, chunks=PAPER_CHUNKS, max_folds: int = 2, kinds=("loop", "v", "interleaved"),
@@ -104,8 +118,12 @@ def paper_best(setup: Setup, length: int, chunks=PAPER_CHUNKS) -> Result:
 
 def tune(setup: Setup, length: int, *, chunks=PAPER_CHUNKS, max_folds: int = 2, taper_top: int = 3,
          kinds=("loop", "v", "interleaved"), partitions=("even", "balanced")) -> list[Result]:
-    """All evaluated configurations, best first."""
-    results = [evaluate(setup, c, length) for c in candidates(setup, chunks, max_folds, kinds, partitions)]
+    """Every evaluated configuration that fits in device memory, best first. Raises
+    :class:`NothingFits` (with the smallest configuration's memory figures) when none does."""
+    evaluated = [evaluate(setup, c, length) for c in candidates(setup, chunks, max_folds, kinds, partitions)]
+    results = [r for r in evaluated if r.fits]
+    if not results:
+        raise NothingFits(_nothing_fits(setup, length, evaluated))
     results.sort(key=lambda r: r.ttft)
     seen = set()
     for r in results[:]:
@@ -121,3 +139,12 @@ def tune(setup: Setup, length: int, *, chunks=PAPER_CHUNKS, max_folds: int = 2, 
             results.append(evaluate(setup, tc, length, sizes))
     results.sort(key=lambda r: r.ttft)
     return results
+
+
+def _nothing_fits(setup: Setup, length: int, evaluated: list[Result]) -> str:
+    small = min(evaluated, key=lambda r: r.memory)
+    gb = lambda b: f"{b / 1e9:.1f} GB"
+    parts = ", ".join(f"{k} {gb(v)}" for k, v in small.breakdown.items())
+    return (f"none of {len(evaluated)} configurations of {setup.arch.name} at tp={setup.par.tp} pp={setup.pp} for "
+            f"{length} tokens fits in {setup.device.name}'s {gb(setup.device.mem_bytes)}: the smallest needs "
+            f"{gb(small.memory)} on its busiest device ({parts}; {small.candidate.describe()})")

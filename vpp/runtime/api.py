@@ -33,8 +33,9 @@ from vpp.plan.layout import Layout, stage_ranks_for
 from vpp.plan.trace import Trace
 from vpp.plan.verify import verify
 
-from . import handshake
+from . import handshake, inputs
 from .executor import ExecutionResult, Executor
+from .watchdog import rendezvous
 
 
 
@@ -85,14 +86,6 @@ def build_schedule(schedule: str, layout: Layout, requests: Sequence[Request], *
     return strategies.get(schedule, strategies.PLANNED).plan(layout, requests, concurrency=concurrency)
 
 
-def _as_prompts(input_ids) -> list[torch.Tensor] | None:
-    if input_ids is None:
-        return None
-    if isinstance(input_ids, torch.Tensor):
-        return [input_ids.reshape(-1) if input_ids.dim() == 2 and input_ids.shape[0] == 1 else input_ids]
-    return list(input_ids)
-
-
 def forward_prefill(
     stages: Sequence[torch.nn.Module],
     input_ids: torch.Tensor | Sequence[torch.Tensor] | None,
@@ -115,14 +108,16 @@ def forward_prefill(
     holding stage 0 after each chunk it feeds into the pipeline. Every argument problem raises the same error on
     every rank."""
     strategy = strategies.get(schedule, strategies.PLANNED)
-    if strategy.chunking == "dcpp" and not callable(chunk_size) and isinstance(chunk_size, int):
+    chunk_size = inputs.check_chunking(chunk_size)
+    timeout_s = inputs.check_timeout(timeout_s)
+    if strategy.chunking == "dcpp" and isinstance(chunk_size, int):
         raise ValueError(f"schedule {schedule!r} takes its chunk sizes from a DCPP planner: call "
                          f"forward_dcpp_prefill, or pass planner.chunk_sizes as chunk_size")
-    if isinstance(chunk_size, int) and chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+    if concurrency is not None and (not inputs.is_count(concurrency) or concurrency < 1):
+        raise ValueError(f"concurrency={concurrency!r} must be a positive integer or None")
     stages = list(stages)
-    prompts = _as_prompts(input_ids)
-    infos = handshake.exchange(stages, groups, prompts)
+    prompts, problem = inputs.as_prompts(input_ids)
+    infos = handshake.exchange(stages, groups, prompts, problem=problem, timeout_s=timeout_s)
     problem = handshake.first_problem(infos)
     if problem:
         raise ValueError(problem)
@@ -130,9 +125,7 @@ def forward_prefill(
     layout = infer_layout(pipeline)
     check_stage_shapes(pipeline)
     lengths = handshake.prompt_lengths(infos)
-    ids = list(request_ids) if request_ids is not None else list(range(len(lengths)))
-    if len(ids) != len(lengths):
-        raise ValueError(f"{len(ids)} request ids for {len(lengths)} prompts")
+    ids = inputs.check_request_ids(request_ids if request_ids is not None else range(len(lengths)), len(lengths))
     requests = _requests(lengths, chunk_size, ids, arrivals)
     plan = verify(build_schedule(schedule, layout, requests, concurrency=concurrency))
     mine = {s: m for s, m in zip(layout.stages_of(groups.pp.rank), stages)}
@@ -140,24 +133,28 @@ def forward_prefill(
                         progress=progress)
     by_id = {q: p for q, p in zip(ids, prompts)} if prompts is not None else {}
     if dist.is_initialized() and groups.sizes.world_size > 1:
+        rendezvous("the start barrier", groups.global_rank, groups.sizes.world_size, timeout_s=timeout_s)
         dist.barrier()
     start = time.perf_counter()
     result = executor.run(by_id)
     wall = time.perf_counter() - start
-    trace = gather_trace(result, groups, plan) if return_trace else None
+    trace = gather_trace(result, groups, plan, timeout_s=timeout_s) if return_trace else None
     first = result.logits.get(ids[0])
     return PrefillOutput(first, result.logits, plan, result, trace, wall)
 
 
 def _requests(lengths, chunk_size, ids, arrivals=None) -> list[Request]:
+    if arrivals is not None and any(isinstance(a, bool) or not isinstance(a, (int, float)) or a < 0 for a in arrivals):
+        raise ValueError(f"arrivals must be seconds >= 0, got {list(arrivals)!r}")
     arrivals = [0.0] * len(lengths) if arrivals is None else [float(a) for a in arrivals]
     if len(arrivals) != len(lengths):
         raise ValueError(f"{len(arrivals)} arrival times for {len(lengths)} prompts")
     if isinstance(chunk_size, int):
         return [Request(q, r.chunk_sizes, a) for q, r, a in zip(ids, chunk_requests(lengths, chunk_size), arrivals)]
     if callable(chunk_size):
-        chunk_size = [chunk_size(n) for n in lengths]
-    sizes = [tuple(int(c) for c in s) for s in chunk_size]
+        chunk_size = [inputs.check_sizes(list(chunk_size(n)), f"chunk sizes the chunking function gave for {n} tokens")
+                      for n in lengths]
+    sizes = [tuple(s) for s in chunk_size]
     if len(sizes) != len(lengths):
         raise ValueError(f"{len(sizes)} chunkings for {len(lengths)} prompts")
     for q, n, s in zip(ids, lengths, sizes):
@@ -166,10 +163,12 @@ def _requests(lengths, chunk_size, ids, arrivals=None) -> list[Request]:
     return [Request(q, s, a) for q, s, a in zip(ids, sizes, arrivals)]
 
 
-def gather_trace(result: ExecutionResult, groups: ParallelGroups, plan: Plan) -> Trace:
-    """The whole pipeline's trace, on every rank of it (an ``all_gather_object`` over the pp group)."""
+def gather_trace(result: ExecutionResult, groups: ParallelGroups, plan: Plan, *, timeout_s: float = 300.0) -> Trace:
+    """The whole pipeline's trace, on every rank of it (an ``all_gather_object`` over the pp group,
+    after a bounded :func:`~.watchdog.rendezvous` of the world)."""
     spans = list(result.spans)
     if groups.pp.size > 1:
+        rendezvous("gathering the trace", groups.global_rank, groups.sizes.world_size, timeout_s=timeout_s)
         everyone: list = [None] * groups.pp.size
         dist.all_gather_object(everyone, spans, group=groups.pp.pg)
         spans = [s for part in everyone for s in part]

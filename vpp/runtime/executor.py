@@ -77,7 +77,7 @@ class Executor:
             for st in info.stages:
                 self.hidden[plan.layout.stage_of_layer(st.layer_range[0])] = (st.hidden_size, st.dtype)
         self.watchdog = Watchdog(run_key, self.me, timeout_s=timeout_s, poll_s=poll_s,
-                                 pollable=groups.accelerator.backend != "gloo")
+                                 pollable=groups.accelerator.backend != "gloo", global_ranks=groups.pp.ranks)
         self.device = groups.device
         self.progress = progress  # called with the number of chunks through stage 0 so far
         layout = plan.layout
@@ -108,7 +108,7 @@ class Executor:
         except Exception as exc:
             notice = self._where(step, action, f"raised {type(exc).__name__}: {exc}")
             self.watchdog.notify_failure(notice)
-            raise ExecutionError(notice, rank=self.me, action=str(action)) from exc
+            raise ExecutionError(notice, rank=self.me, action=str(action), global_rank=self.groups.global_rank) from exc
         finally:
             self.watchdog.close()
         total = time.perf_counter() - self.t0

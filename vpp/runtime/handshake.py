@@ -19,6 +19,8 @@ import torch.distributed as dist
 
 from vpp.parallel.groups import ParallelGroups
 
+from .watchdog import rendezvous
+
 
 @dataclass(frozen=True)
 class StageInfo:
@@ -81,21 +83,26 @@ def exchange(
     prompts: Sequence[torch.Tensor] | None,
     *,
     plan: Any = None,
+    problem: str | None = None,
+    timeout_s: float = 300.0,
 ) -> list[RankInfo]:
-    """Share every rank's :class:`RankInfo`; returns them indexed by global rank."""
+    """Share every rank's :class:`RankInfo`; returns them indexed by global rank. ``problem``: an input
+    problem this rank found before (raised on every rank after the exchange). A rank that does not
+    reach the exchange within ``timeout_s`` is named in an ExecutionError on the others."""
     infos = tuple(describe_stage(s) for s in stages)
-    lengths = problem = None
+    lengths = None
     if prompts is not None:
         first = next((i for i in infos if i.is_first), None)
         if first is not None:
             lengths = tuple(int(p.numel()) for p in prompts)
             problems = [check_prompt(p, first, f"prompt {i}" if len(prompts) > 1 else "prompt")
                         for i, p in enumerate(prompts)]
-            problem = next((p for p in problems if p), None) or (None if prompts else "no prompts given")
+            problem = problem or next((p for p in problems if p), None) or (None if prompts else "no prompts given")
     mine = RankInfo(groups.global_rank, groups.pp.rank, groups.tp.rank, infos, lengths, problem,
                     plan_digest(plan) if plan is not None else None, os.urandom(8).hex())
     if not dist.is_initialized() or groups.sizes.world_size == 1:
         return [mine]
+    rendezvous("the start-up exchange", groups.global_rank, dist.get_world_size(), timeout_s=timeout_s)
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, mine)
     return out

@@ -10,23 +10,64 @@ the pending wait raises at once; a rank that hangs is caught by the deadline.
 On NCCL and HCCL ``wait()`` must run on the rank's own thread: it makes that thread's current stream
 wait for the transfer, and a helper thread would order the wrong stream. There ``is_completed()``
 works, so the rank polls it (with the same notice and deadline checks) and then waits in place.
+
+The helper thread is a daemon: a wait abandoned after a failure (a receive from a rank that hung) may
+stay blocked in gloo forever, and must not keep the process alive at exit.
+
+:func:`rendezvous` is the bounded meeting point before a collective (the start-up exchange, barriers,
+gathering traces): every rank announces itself in the store and waits, with the same deadline and
+failure notices, for the others; a rank that does not come is named in the error.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as futures
+import itertools
+import queue
+import threading
 import time
+from typing import Callable
 
 import torch.distributed as dist
 
 
 class ExecutionError(RuntimeError):
-    """A plan could not finish. ``rank`` is the pipeline rank that failed first (if known), ``action``
-    what this rank was doing."""
+    """A plan could not finish. ``rank`` is the pipeline rank that failed first (if known),
+    ``global_rank`` the same rank as a global rank (what a launcher reports), ``action`` what this
+    rank was doing."""
 
-    def __init__(self, message: str, *, rank: int | None = None, action: str | None = None):
+    def __init__(self, message: str, *, rank: int | None = None, action: str | None = None,
+                 global_rank: int | None = None):
         super().__init__(message)
-        self.rank, self.action = rank, action
+        self.rank, self.action, self.global_rank = rank, action, global_rank
+
+
+class _Worker:
+    """One daemon thread running submitted calls in order; ``submit`` returns (done event, box)."""
+
+    def __init__(self):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="vpp-wait", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            fn, done, box = job
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 -- handed to the waiting thread
+                box["error"] = exc
+            finally:
+                done.set()
+
+    def submit(self, fn: Callable[[], object]) -> tuple[threading.Event, dict]:
+        done, box = threading.Event(), {}
+        self.jobs.put((fn, done, box))
+        return done, box
+
+    def close(self) -> None:
+        self.jobs.put(None)  # a worker stuck in an abandoned wait never reads it: it is a daemon
 
 
 def default_store():
@@ -45,16 +86,24 @@ class Watchdog:
     on every rank of the run)."""
 
     def __init__(self, run_key: str, rank: int, *, timeout_s: float, poll_s: float = 0.05,
-                 pollable: bool = False):
+                 pollable: bool = False, global_ranks: tuple[int, ...] | None = None):
         self.key = f"vpp/run/{run_key}/failed"
         self.rank, self.timeout_s, self.poll_s = rank, timeout_s, poll_s
         self.pollable = pollable  # Work.is_completed() is meaningful (NCCL, HCCL), see the module docstring
+        self.global_ranks = global_ranks  # pipeline rank -> global rank, to name a peer to the launcher
         self.store = default_store()
-        self._pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vpp-wait")
+        self._worker: _Worker | None = None
+
+    def _global(self, peer: int | None) -> int | None:
+        if peer is None or self.global_ranks is None or not 0 <= peer < len(self.global_ranks):
+            return None
+        return self.global_ranks[peer]
 
     def close(self) -> None:
-        # a wait abandoned after a failure may still block its thread: do not join it
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        # a wait abandoned after a failure may still block its thread (a daemon): do not join it
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
 
     def notify_failure(self, message: str) -> None:
         """Tell every rank of the run that this rank failed (first notice wins)."""
@@ -99,7 +148,7 @@ class Watchdog:
             if time.monotonic() > deadline:
                 raise ExecutionError(f"pipeline rank {self.rank} timed out after {self.timeout_s:g}s at {what} "
                                      f"waiting for request {request} to finish on pipeline rank {peer}",
-                                     rank=peer, action=what)
+                                     rank=peer, action=what, global_rank=self._global(peer))
             time.sleep(min(self.poll_s, 0.005))
 
     def wait(self, work: dist.Work, what: str, peer: int | None) -> None:
@@ -107,20 +156,17 @@ class Watchdog:
         connection breaks, or ``timeout_s`` passes."""
         if self.pollable:
             return self._poll_then_wait(work, what, peer)
-        future = self._pool.submit(work.wait)
+        if self._worker is None:
+            self._worker = _Worker()
+        done, box = self._worker.submit(work.wait)
         deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                future.result(timeout=self.poll_s)
-                return
-            except futures.TimeoutError:
-                pass
-            except Exception as exc:  # the transfer itself failed: usually the peer went away
-                notice = self.failure_notice()
-                cause = notice or f"pipeline rank {peer} stopped responding ({type(exc).__name__}: {exc})"
-                raise ExecutionError(f"pipeline rank {self.rank} gave up at {what}: {cause}",
-                                     rank=peer, action=what) from exc
+        while not done.wait(self.poll_s):
             self._check(what, peer, deadline)
+        if "error" in box:  # the transfer itself failed: usually the peer went away
+            exc = box["error"]
+            cause = self.failure_notice() or f"pipeline rank {peer} stopped responding ({type(exc).__name__}: {exc})"
+            raise ExecutionError(f"pipeline rank {self.rank} gave up at {what}: {cause}",
+                                 rank=peer, action=what, global_rank=self._global(peer)) from exc
 
     def _poll_then_wait(self, work: dist.Work, what: str, peer: int | None) -> None:
         deadline, pause, checked = time.monotonic() + self.timeout_s, 1e-5, time.monotonic()
@@ -134,7 +180,8 @@ class Watchdog:
             work.wait()
         except Exception as exc:
             cause = self.failure_notice() or f"pipeline rank {peer} stopped responding ({type(exc).__name__}: {exc})"
-            raise ExecutionError(f"pipeline rank {self.rank} gave up at {what}: {cause}", rank=peer, action=what) from exc
+            raise ExecutionError(f"pipeline rank {self.rank} gave up at {what}: {cause}", rank=peer, action=what,
+                                 global_rank=self._global(peer)) from exc
 
     def _check(self, what: str, peer: int | None, deadline: float) -> None:
         notice = self.failure_notice()
@@ -143,4 +190,28 @@ class Watchdog:
         if time.monotonic() > deadline:
             raise ExecutionError(
                 f"pipeline rank {self.rank} timed out after {self.timeout_s:g}s at {what} waiting for "
-                f"pipeline rank {peer}", rank=peer, action=what)
+                f"pipeline rank {peer}", rank=peer, action=what, global_rank=self._global(peer))
+
+
+_ROUND = itertools.count()  # rendezvous calls on this process: every rank makes the same sequence of them
+
+
+def rendezvous(what: str, me: int, world: int, *, timeout_s: float, poll_s: float = 0.01) -> None:
+    """Wait until all ``world`` global ranks reached the same (``what``, call number) point, for at
+    most ``timeout_s``; then raise :class:`ExecutionError` naming the global ranks that did not come
+    (``global_rank`` = the first of them). A no-op without a process group or its store."""
+    store = default_store()
+    n = next(_ROUND)
+    if store is None or world <= 1:
+        return
+    keys = [f"vpp/meet/{n}/{r}" for r in range(world)]
+    store.set(keys[me], what)
+    deadline = time.monotonic() + timeout_s
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            if not missing:
+                return
+            raise ExecutionError(f"global rank {me} waited {timeout_s:g}s at {what} for global rank(s) {missing}, "
+                                 f"which never arrived", rank=None, action=what, global_rank=missing[0])
+        time.sleep(poll_s)

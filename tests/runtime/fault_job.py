@@ -1,0 +1,60 @@
+"""A two-rank toy prefill with a planted fault on rank 1, run by tests/runtime/test_faults.py under
+torchrun or spawned. ``python fault_job.py MODE TIMEOUT OUT_DIR``; MODE: none, raise, exit, hang
+(mid-prefill) or hang-start (before the start-up exchange). Each rank writes what it saw to
+OUT_DIR/rank<N>. No fault handling of its own: what it shows is the library's."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+
+from vpp.models.toy import ToyStage
+from vpp.parallel import initialize_model_parallel, launch
+from vpp.plan import make_layout
+from vpp.runtime import forward_prefill
+
+
+class Faulty(ToyStage):
+    def __init__(self, *a, fault=None, **kw):
+        super().__init__(*a, **kw)
+        self.fault = fault
+
+    def forward(self, x, request, offset, **kw):
+        if self.fault and offset >= 16:
+            kind, self.fault = self.fault, None
+            if kind == "raise":
+                raise RuntimeError("planted fault")
+            if kind == "exit":
+                os._exit(3)
+            if kind == "hang":
+                time.sleep(600)
+        return super().forward(x, request, offset, **kw)
+
+
+def job(rank, world, mode, timeout_s, out_dir):
+    groups = initialize_model_parallel(1, world)
+    layout = make_layout("v", 4, world)
+    fault = mode if rank == 1 and mode in ("raise", "exit", "hang") else None
+    stages = [Faulty(layout.stage_layers[s], 4, vocab_size=64, fault=fault) for s in layout.stages_of(rank)]
+    if mode == "hang-start" and rank == 1:
+        time.sleep(600)
+    ids = torch.randint(0, 64, (64,), generator=torch.Generator().manual_seed(0))
+    start = time.monotonic()
+    try:
+        forward_prefill(stages, ids if rank == 0 else None, 8, groups, schedule="vpp", timeout_s=timeout_s)
+        message = "finished"
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc} |global_rank={getattr(exc, 'global_rank', None)}"
+        raise
+    finally:
+        with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
+            f.write(f"{time.monotonic() - start:.2f}\n{message}")
+    return message
+
+
+if __name__ == "__main__":
+    mode, timeout_s, out_dir = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    launch(job, 2, mode, timeout_s, out_dir, timeout=3 * timeout_s, pg_timeout_s=timeout_s)

@@ -1,0 +1,135 @@
+"""Failures end every rank within their bound, under torchrun and with spawned ranks, and name the
+rank that failed; spawned ranks die with their parent. Each case has its own deadline and checks
+that no process of it is left (including grandchildren that torchrun or the parent started).
+
+The planted faults live in tests/runtime/fault_job.py (a two-rank toy prefill with ``timeout_s``
+= 3 s); the signal cases run the real ``vpp prefill`` command.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here starts processes
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "tests" / "runtime" / "fault_job.py"
+TIMEOUT_S = 3.0
+BOUND_S = 40.0  # timeout + start-up of torchrun and two interpreters on a loaded 2-core machine
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+
+
+def _pids_with(marker: str) -> set[int]:
+    """Live processes whose command line mentions ``marker``."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if marker.encode() in cmd and state != "Z":
+                out.add(int(entry))
+    return out
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.add(int(entry))
+    return out
+
+
+def _gone_within(pids: set[int], seconds: float) -> set[int]:
+    deadline = time.monotonic() + seconds
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {p for p in alive if Path(f"/proc/{p}").exists()
+                 and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"}
+        time.sleep(0.1)
+    return alive
+
+
+def _run_job(launcher: str, mode: str, out_dir: Path) -> tuple[subprocess.CompletedProcess, float]:
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(JOB)]
+    else:
+        cmd = [sys.executable, str(JOB)]
+    start = time.monotonic()
+    proc = subprocess.run(cmd + [mode, str(TIMEOUT_S), str(out_dir)], capture_output=True, text=True,
+                          timeout=BOUND_S + 30, env=ENV, cwd=ROOT)
+    return proc, time.monotonic() - start
+
+
+CASES = [  # (launcher, mode, what rank 0 says)
+    ("torchrun", "raise", "pipeline rank 1 (global rank 1) raised RuntimeError: planted fault"),
+    ("torchrun", "exit", "pipeline rank 1 stopped responding"),
+    ("torchrun", "hang", "timed out after 3s at S0>1.r0.c3 waiting for pipeline rank 1 |global_rank=1"),
+    ("torchrun", "hang-start", "waited 3s at the start-up exchange for global rank(s) [1], which never arrived"),
+    ("spawned", "hang-start", "waited 3s at the start-up exchange for global rank(s) [1], which never arrived"),
+]
+
+
+@pytest.mark.parametrize("launcher,mode,said", CASES, ids=[f"{a}-{b}" for a, b, _ in CASES])
+def test_a_fault_ends_every_rank_and_names_the_failed_one(tmp_path, launcher, mode, said):
+    out_dir = tmp_path / f"fault-{launcher}-{mode}"
+    out_dir.mkdir()
+    proc, took = _run_job(launcher, mode, out_dir)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert took < BOUND_S, f"took {took:.1f}s"
+    assert said in (out_dir / "rank0").read_text()
+    if launcher == "spawned":  # the launcher blames rank 1, the one that never came, not rank 0
+        assert "RankFailure: rank 1 of 2 failed (named by rank 0)" in proc.stderr, proc.stderr[-2000:]
+    assert not _gone_within(_pids_with(str(out_dir)), 10), "processes of the run are still alive"
+
+
+def test_the_job_runs_when_nothing_fails(tmp_path):
+    proc, _ = _run_job("torchrun", "none", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "rank0").read_text().endswith("finished")
+
+
+def _start_prefill(tmp_path: Path) -> tuple[subprocess.Popen, set[int]]:
+    """`vpp prefill` on two spawned ranks, long enough to be killed mid-run; returns it and its ranks."""
+    cmd = [sys.executable, "-m", "vpp", "prefill", "--seq-len", "8192", "--chunk-size", "256", "--repeat", "5",
+           "--no-progress", "--timeout", "120"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    ranks: set[int] = set()
+    while time.monotonic() < deadline and len(ranks) < 2:
+        ranks = {p for p in _children(proc.pid) if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()}
+        time.sleep(0.2)
+    assert len(ranks) == 2, f"ranks did not start: {ranks}"
+    time.sleep(3)  # let them get into the prefill
+    return proc, ranks
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["SIGTERM", "SIGINT", "SIGKILL"])
+def test_spawned_ranks_die_with_their_parent(tmp_path, sig):
+    proc, ranks = _start_prefill(tmp_path)
+    everything = ranks | _children(proc.pid)
+    proc.send_signal(sig)
+    try:
+        code = proc.wait(timeout=20)
+        _, err = proc.communicate(timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code != 0
+    if sig != signal.SIGKILL:  # the parent stopped its ranks itself and said so in one line
+        assert err.strip().splitlines()[-1] == "vpp prefill: error: interrupted", err[-2000:]
+    assert not _gone_within(everything, 15), "ranks outlived their parent"

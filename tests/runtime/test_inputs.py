@@ -1,0 +1,80 @@
+"""API values are checked before any work, with one message (single process: the checks that every
+rank makes alike; tests/runtime/test_executor.py shows prompt problems reaching every rank)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vpp.models.toy import ToyStage
+from vpp.parallel import ParallelGroups
+from vpp.runtime import forward_prefill
+
+VOCAB = 64
+
+
+def _stage():
+    return [ToyStage((0, 2), 2, vocab_size=VOCAB)]
+
+
+def _ids(n=24):
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(0))
+
+
+def _run(prompt, chunk, **kw):
+    return forward_prefill(_stage(), prompt, chunk, ParallelGroups.single(), schedule="cpp", **kw)
+
+
+@pytest.mark.parametrize("chunk, message", [
+    (8.0, r"chunk_size must be a positive integer, a function of the prompt length, or chunk sizes per prompt; got float 8.0"),
+    ("8", r"got str '8'"),
+    (True, r"got bool True"),
+    (0, r"chunk_size=0 must be >= 1"),
+    (-3, r"chunk_size=-3 must be >= 1"),
+    ([[8, 8.5, 7.5]], r"chunk sizes of prompt 0 must be positive integers, got \[8, 8.5, 7.5\]"),
+    ([[8, 0, 16]], r"chunk sizes of prompt 0 must be positive integers"),
+    ([8, 16], r"chunk sizes of prompt 0 must be a sequence of positive integers, got int 8"),
+    ([[8, 8]], r"request 0: chunk sizes sum to 16 but the prompt has 24 tokens"),
+    (lambda n: [n / 2, n / 2], r"chunk sizes the chunking function gave for 24 tokens must be positive integers"),
+])
+def test_bad_chunking_is_one_clear_error(chunk, message):
+    with pytest.raises(ValueError, match=message):
+        _run(_ids(), chunk)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(timeout_s=-1), r"timeout_s=-1 must be a number of seconds > 0"),
+    (dict(timeout_s=0), r"timeout_s=0 must be a number of seconds > 0"),
+    (dict(timeout_s=True), r"timeout_s=True must be a number of seconds > 0"),
+    (dict(concurrency=0), r"concurrency=0 must be a positive integer or None"),
+    (dict(schedule="vpp-typo"), r"unknown strategy 'vpp-typo'; choose one of cpp, dcpp, vpp, vpp-async, vpp-packed"),
+])
+def test_bad_options_are_one_clear_error(kw, message):
+    with pytest.raises(ValueError, match=message):
+        forward_prefill(_stage(), _ids(), 8, ParallelGroups.single(), **{"schedule": "cpp", **kw})
+
+
+def test_repeated_request_ids_are_refused():
+    with pytest.raises(ValueError, match=r"request ids must be unique; \[7\] repeat in \[7, 7\]"):
+        _run([_ids(), _ids(16)], 8, request_ids=[7, 7])
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ([], r"no prompts given \(an empty list\)"),
+    ("hello", r"the prompt must be a 1-D tensor of token ids, a list of ints, or a list of prompts; got str"),
+    ([[1, 2], [3, "x"]], r"prompt 1 must be a 1-D tensor of token ids or a non-empty list of ints"),
+    (torch.zeros(2, 3, dtype=torch.long), r"prompt must be a 1-D tensor of token ids, got shape \(2, 3\)"),
+])
+def test_bad_prompts_are_one_clear_error(prompt, message):
+    with pytest.raises(ValueError, match=message):
+        _run(prompt, 8)
+
+
+def test_accepted_spellings_give_the_same_logits():
+    """numpy chunk sizes, a list of ints as the prompt and [1, n] tensors mean what they say."""
+    ids = _ids()
+    ref = _run(ids, 8).logits
+    for prompt, chunk in ((ids.tolist(), 8), (ids[None], np.int64(8)), (ids, [[np.int32(8)] * 3]),
+                          (ids, lambda n: [16, n - 16])):
+        torch.testing.assert_close(_run(prompt, chunk).logits, ref)

@@ -1,0 +1,125 @@
+"""Argument types and checks shared by the commands: every problem becomes one :class:`UsageError`
+line before any rank starts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+
+class UsageError(Exception):
+    """A problem with the command line or the files it names: reported as one line, exit code 2."""
+
+    def __init__(self, message: str, prog: str | None = None):
+        super().__init__(message)
+        self.prog = prog
+
+
+def positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    value = _float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = _float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {text}")
+    return value
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated positive integers."""
+    try:
+        return tuple(positive_int(t.strip()) for t in text.split(",") if t.strip()) or _empty(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1 ({exc})") from None
+
+
+def _empty(text: str):
+    raise argparse.ArgumentTypeError(f"must name at least one integer, got {text!r}")
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def writable_file(path: str, option: str) -> None:
+    """``path`` can be created or overwritten: its folder exists and is writable, it is not a folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path}: is a directory, not a file")
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: the folder {folder} does not exist")
+    if not _can_write_in(folder) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{option} {path}: not writable")
+
+
+def writable_dir(path: str, option: str) -> None:
+    """``path`` is a writable folder, or can be created as one."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise UsageError(f"{option} {path}: {probe} is a file, not a folder")
+    if not _can_write_in(probe):
+        raise UsageError(f"{option} {path}: {probe} is not writable")
+
+
+def _can_write_in(folder: str) -> bool:
+    """Try it (permission bits say nothing for root, nor about read-only file systems)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+MAX_SIM_CHUNKS = 50_000  # simulations plan every chunk: beyond this, time and memory run away
+
+
+def check_chunk_count(lengths, chunk_size: int, option: str = "--chunk-size") -> None:
+    """Refuse a simulation of more than :data:`MAX_SIM_CHUNKS` chunks in all."""
+    chunks = sum(-(-int(n) // chunk_size) for n in lengths)
+    if chunks > MAX_SIM_CHUNKS:
+        raise UsageError(f"{option} {chunk_size} cuts {sum(int(n) for n in lengths)} tokens into {chunks} chunks; "
+                         f"the simulator's limit is {MAX_SIM_CHUNKS} (use larger chunks or shorter prompts)")

@@ -1,0 +1,46 @@
+"""Checks the commands run in their own process before starting any rank: the model exists, reads,
+and splits over the requested grid (by building every stage on the meta device)."""
+
+from __future__ import annotations
+
+import os
+
+from vpp.cli.args import UsageError
+
+
+def open_checked(spec: str, *, tp: int, pp: int, schedules, folds: int = 1, ep: int = 1):
+    """The :class:`~vpp.models.registry.ModelSource` of ``spec`` once every layout the ``schedules``
+    need is known to build on a (tp, pp, ep) grid; a :class:`UsageError` naming the problem
+    otherwise."""
+    from vpp.bench.prefill import layout_for
+    from vpp.config import ConfigError
+    from vpp.models.registry import BUILTIN, open_model
+    from vpp.parallel.grid import GridSizes
+
+    if spec not in BUILTIN and not os.path.isdir(spec):
+        raise UsageError(f"--model {spec}: neither a built-in model ({', '.join(BUILTIN)}) nor a model directory")
+    if os.path.isdir(spec):
+        _check_files(spec)
+    try:
+        model = open_model(spec)
+    except (ConfigError, ValueError, OSError) as exc:
+        raise UsageError(f"--model {spec}: {exc}") from None
+    sizes = GridSizes(tp * pp, tp=tp, pp=pp, ep=ep)
+    for schedule in schedules:
+        try:
+            layout = layout_for(model, schedule, pp, folds)
+            model.check(layout, sizes)
+        except ValueError as exc:
+            raise UsageError(f"{schedule} with --tp {tp} --pp {pp}"
+                             + (f" --folds {folds}" if folds > 1 else "") + f" on {spec}: {exc}") from None
+    return model
+
+
+def _check_files(model_dir: str) -> None:
+    has_weights = any(os.path.isfile(os.path.join(model_dir, f))
+                      for f in ("model.safetensors", "model.safetensors.index.json"))
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise UsageError(f"--model {model_dir}: no config.json in the directory")
+    if not has_weights:
+        raise UsageError(f"--model {model_dir}: neither model.safetensors nor model.safetensors.index.json "
+                         f"in the directory")

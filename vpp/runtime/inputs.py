@@ -1,0 +1,99 @@
+"""Checking what a caller hands the pipeline, before any rank does work.
+
+Values every rank is given alike (chunking, timeouts, request ids) are checked locally and raise the
+same ``ValueError`` on every rank. Prompts are given only to the ranks that hold stage 0: a problem
+with them is carried through the start-up exchange (:mod:`.handshake`) so that every rank raises it,
+instead of one rank raising while the others wait.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Sequence
+
+import torch
+
+Chunking = int | Sequence[Sequence[int]] | Callable[[int], Sequence[int]]
+
+
+def is_count(x: Any) -> bool:
+    """An integer (Python or numpy), not a bool, not a float, not a string."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def check_chunking(chunk_size: Any) -> Chunking:
+    """A positive integer, a function of a prompt length, or one sequence of positive integers per
+    prompt. Returns it with numpy integers made Python ints."""
+    if callable(chunk_size):
+        return chunk_size
+    if is_count(chunk_size):
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+        return int(chunk_size)
+    if isinstance(chunk_size, (str, bytes)) or not isinstance(chunk_size, Sequence):
+        raise ValueError(f"chunk_size must be a positive integer, a function of the prompt length, or chunk "
+                         f"sizes per prompt; got {type(chunk_size).__name__} {chunk_size!r}")
+    out = []
+    for i, sizes in enumerate(chunk_size):
+        if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+            raise ValueError(f"chunk sizes of prompt {i} must be a sequence of positive integers, got "
+                             f"{type(sizes).__name__} {sizes!r}")
+        out.append(tuple(check_sizes(sizes, f"chunk sizes of prompt {i}")))
+    return out
+
+
+def check_sizes(sizes: Sequence[Any], what: str) -> list[int]:
+    bad = [c for c in sizes if not is_count(c) or c < 1]
+    if bad or not len(sizes):
+        raise ValueError(f"{what} must be positive integers, got {list(sizes)!r}")
+    return [int(c) for c in sizes]
+
+
+def check_timeout(timeout_s: Any) -> float:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
+        raise ValueError(f"timeout_s={timeout_s!r} must be a number of seconds > 0")
+    return float(timeout_s)
+
+
+def check_request_ids(ids: Sequence[Any], count: int) -> list:
+    ids = list(ids)
+    if len(ids) != count:
+        raise ValueError(f"{len(ids)} request ids for {count} prompts")
+    seen, repeated = set(), []
+    for q in ids:
+        if q in seen and q not in repeated:
+            repeated.append(q)
+        seen.add(q)
+    if repeated:
+        raise ValueError(f"request ids must be unique; {repeated} repeat in {ids}")
+    return ids
+
+
+def as_prompts(input_ids: Any) -> tuple[list[torch.Tensor] | None, str | None]:
+    """(prompts, problem). One prompt is a 1-D integer tensor ([1, n] is taken as [n]) or a list of
+    ints; several prompts are a list of those. A problem is returned, not raised (see the module
+    docstring)."""
+    if input_ids is None:
+        return None, None
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() == 2 and input_ids.shape[0] == 1:
+            input_ids = input_ids.reshape(-1)
+        return [input_ids], None
+    if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, Sequence):
+        return None, (f"the prompt must be a 1-D tensor of token ids, a list of ints, or a list of prompts; got "
+                      f"{type(input_ids).__name__}")
+    items = list(input_ids)
+    if not items:
+        return None, "no prompts given (an empty list)"
+    if all(is_count(t) for t in items):
+        return [torch.tensor([int(t) for t in items], dtype=torch.long)], None
+    prompts = []
+    for i, item in enumerate(items):
+        if isinstance(item, torch.Tensor):
+            prompts.append(item)
+        elif isinstance(item, Sequence) and not isinstance(item, (str, bytes)) and item and all(is_count(t) for t in item):
+            prompts.append(torch.tensor([int(t) for t in item], dtype=torch.long))
+        else:
+            return None, (f"prompt {i} must be a 1-D tensor of token ids or a non-empty list of ints; got "
+                          f"{type(item).__name__} {str(item)[:40]}")
+    return prompts, None
