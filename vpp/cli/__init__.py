@@ -23,6 +23,7 @@ from vpp.cli.output import setup_logging
 # name -> (module, one-line help). Command modules stay light: heavy imports happen inside run().
 COMMANDS: dict[str, tuple[str, str]] = {
     "prefill": ("vpp.cli.prefill", "run prefill schedules on real ranks and compare them"),
+    "generate": ("vpp.cli.generate", "prefill a prompt with one schedule, then decode new tokens"),
     "serve-bench": ("vpp.cli.serve_bench", "prefill a request stream on real ranks under every strategy"),
     "simulate": ("vpp.cli.simulate", "simulate CPP, VPP and VPP-Async side by side (Table 2 numbers)"),
     "serve-sim": ("vpp.cli.serve_sim",

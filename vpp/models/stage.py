@@ -101,5 +101,44 @@ class Stage(nn.Module):
         for cache in self._caches():
             cache.release(request)
 
+    # --- KV hand-over: a request's caches as plain tensors ---------------------------------------
+
+    def export_cache(self, request: Hashable) -> dict[str, torch.Tensor]:
+        """This stage's caches of ``request`` as plain tensors (copies, on this rank's device), named
+        ``"model.layers.{i}.self_attn.{part}"`` with the checkpoint's global layer index ``i``:
+
+        * GQA (Qwen3): ``k`` and ``v``, [local KV heads, tokens, head_dim]; ``k`` after q/k-norm and RoPE.
+        * MLA (DeepSeek-V3, V3.2, GLM-5): ``latent``, [tokens, kv_lora_rank + qk_rope_head_dim]: the
+          normed compressed KV followed by the rotated shared rope key (replicated over TP).
+        * DSA: also ``index_k``, [tokens, index_head_dim], the lightning indexer's rotated keys, on the
+          layers with an indexer of their own.
+
+        Token ``t`` of a request is row ``t`` (positions 0 .. cache_length - 1). :meth:`import_cache`
+        takes the same dict into fresh stages of the same layers and TP rank."""
+        out = {}
+        for i, layer in zip(range(*self.layer_range), self.model.layers.values()):
+            for part, tensor in layer.self_attn.cache.get(request).items():
+                out[f"model.layers.{i}.self_attn.{part}"] = tensor.clone()
+        return out
+
+    def import_cache(self, request: Hashable, tensors: dict[str, torch.Tensor]) -> None:
+        """Install ``tensors`` (as :meth:`export_cache` names them) as the caches of ``request``,
+        which must hold none yet on this stage; decoding then continues as on the exporting stage."""
+        if self.cache_length(request) or request in self.requests():
+            raise ValueError(f"stage {self.layer_range}: request {request!r} already has caches here")
+        expected = {f"model.layers.{i}.self_attn.{part}" for i, layer in zip(range(*self.layer_range),
+                    self.model.layers.values()) for part in layer.self_attn.cache.layouts}
+        if set(tensors) != expected:
+            missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+            raise ValueError(f"stage {self.layer_range}: KV hand-over for request {request!r} is missing "
+                             f"{missing[:4]} and has unexpected {extra[:4]}")
+        for i, layer in zip(range(*self.layer_range), self.model.layers.values()):
+            cache = layer.self_attn.cache
+            parts = {part: tensors[f"model.layers.{i}.self_attn.{part}"] for part in cache.layouts}
+            lengths = {t.shape[cache.layouts[part]] for part, t in parts.items()}
+            if len(lengths) != 1:
+                raise ValueError(f"layer {i}: KV hand-over parts disagree on the token count: {lengths}")
+            cache.append(request, 0, **{part: t.to(self.rope.inv_freq.device) for part, t in parts.items()})
+
     def extra_repr(self) -> str:
         return f"layers=[{self.layer_range[0]}, {self.layer_range[1]}), first={self.is_first}, last={self.is_last}"

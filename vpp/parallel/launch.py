@@ -42,9 +42,10 @@ class RankFailure(RuntimeError):
     """A spawned rank raised, died or timed out. ``rank`` is the rank at fault: the one that raised
     or died first, or the one its peers named (a peer that timed out waiting for it)."""
 
-    def __init__(self, rank: int | None, message: str):
+    def __init__(self, rank: int | None, message: str, summary: str | None = None):
         super().__init__(message)
         self.rank = rank
+        self.summary = summary or message.strip().splitlines()[0]  # one line, for a command's error
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -242,12 +243,13 @@ def _raise_root_failure(procs, results, world_size, failures: dict[int, tuple], 
                              f"(then {others} failed)")
     details = "\n".join(f"--- rank {r} ---\n{msg}" for r, (msg, _) in failures.items() if r != first)
     if named:
-        message = f"rank {named[0]} of {world_size} failed (named by rank {first}):\n{failures[first][0]}"
+        head = f"rank {named[0]} of {world_size} failed (named by rank {first})"
     else:
-        message = f"rank {first} of {world_size} failed:\n{failures[first][0]}"
+        head = f"rank {first} of {world_size} failed"
+    message = f"{head}:\n{failures[first][0]}"
     if details:
         message += f"\nother ranks failed afterwards:\n{details}"
-    raise RankFailure(named[0] if named else first, message)
+    raise RankFailure(named[0] if named else first, message, f"{head}: {failures[first][0].splitlines()[0]}")
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 3600.0,

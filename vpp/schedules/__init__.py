@@ -16,13 +16,13 @@ from vpp.plan import (
     verify, workloads,
 )
 from vpp.runtime import (
-    ExecutionError, ExecutionResult, Executor, PrefillOutput, build_schedule, forward_cpp_prefill,
+    Generation, Pipeline, Sampler, ExecutionError, ExecutionResult, Executor, PrefillOutput, build_schedule, forward_cpp_prefill,
     forward_dcpp_prefill, forward_prefill, forward_vpp_prefill, gather_trace, infer_layout,
     profile_planner,
 )
 
 __all__ = [
-    "Action", "COMM_MODES", "COMPUTE", "Cost", "DcppPlanner", "ExecutionError", "ExecutionResult",
+    "Generation", "Pipeline", "Sampler", "Action", "COMM_MODES", "COMPUTE", "Cost", "DcppPlanner", "ExecutionError", "ExecutionResult",
     "Executor", "FlopCost", "HANDOFF", "KINDS", "Layout", "LinearCost", "Plan", "PlanError",
     "PrefillOutput", "RECV", "REQUEST_ORDERS", "Request", "SEND", "STRATEGIES", "Span", "Strategy",
     "StreamStats", "Summary", "TableCost", "Task", "Trace", "admission_gates", "auto_slack", "balance",

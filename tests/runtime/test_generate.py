@@ -1,0 +1,152 @@
+"""Decode after prefill, against transformers' ``generate(do_sample=False)``.
+
+For every family (qwen3_moe, deepseek_v3, deepseek_v32, glm_moe_dsa) as a tiny Hugging Face
+checkpoint of 6 layers, greedy tokens after each prefill schedule (cpp, dcpp, vpp, vpp-async; and
+vpp-packed for two requests) followed by 16 decode steps equal transformers' generate, at PP 1, 2, 3
+and TP 1, 2 (one spawned run per grid, every case inside it). Two requests decoded together equal each
+decoded alone; a request's caches exported and imported into fresh stages decode on identically;
+seeded sampling gives the same tokens on every rank and across runs.
+
+Prompts of 37 and 29 tokens in chunks of 8 (ragged), index_topk 8: DSA chunks and decode steps past
+8 keys attend to 8 selected keys, so the sparse path is exercised in both phases. At PP 3 a V has 6
+stages of one layer, which GLM-5's shared-indexer layers cannot start, so GLM runs there with an
+indexer on every layer (its sharing is covered at PP 1 and 2).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+NEW = 16
+GRIDS = [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]  # (tp, pp)
+SCHEDULES = ("cpp", "dcpp", "vpp", "vpp-async")
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """(model_type, glm sharing) -> (path, prompts, transformers' greedy tokens per prompt)."""
+    from tests.models.hf_tiny import MODEL_TYPES, PROMPTS, VOCAB, model
+
+    root = tmp_path_factory.mktemp("gen")
+    g = torch.Generator().manual_seed(1)
+    prompts = {name: torch.randint(0, VOCAB, (n,), generator=g) for name, n in PROMPTS.items()}
+    out = {}
+    for model_type in MODEL_TYPES:
+        for freq in ((2, 1) if model_type == "glm_moe_dsa" else (2,)):
+            m = model(model_type, layers=6, index_topk_freq=freq)
+            path = root / f"{model_type}-{freq}"
+            m.save_pretrained(path)
+            tokens = {}
+            with torch.no_grad():
+                for name, ids in prompts.items():
+                    seq = m.generate(ids[None], max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW,
+                                     pad_token_id=0, eos_token_id=None)
+                    tokens[name] = seq[0, ids.numel():].tolist()
+            out[(model_type, freq)] = (str(path), prompts, tokens)
+    return out
+
+
+def _cases(references, pp):
+    """The (key, path) of every model this grid runs: GLM's sharing model needs <= 4 V stages."""
+    return [(key, path) for key, (path, _, _) in references.items()
+            if not (key[0] == "glm_moe_dsa" and (key[1] == 2) == (pp == 3))]
+
+
+def _grid_run(rank, world, tp, pp, cases, prompts):
+    """Every case on this grid; returns {(model key, what): tokens} on global rank 0."""
+    from vpp.bench.prefill import layout_for
+    from vpp.models.registry import open_model
+    from vpp.parallel import initialize_model_parallel
+    from vpp.runtime import Pipeline, Sampler, profile_planner
+
+    groups = initialize_model_parallel(tp, pp)
+    results = {}
+    for key, path in cases:
+        model = open_model(path)
+        for schedule in SCHEDULES + ("vpp-packed",):
+            stages = model.stages(layout_for(model, schedule, pp), groups)
+            pipe = Pipeline(stages, groups, timeout_s=120)
+            first = any(s.is_first for s in stages)
+            chunking = profile_planner(stages, groups, 8).chunk_sizes if schedule == "dcpp" else 8
+            if schedule == "vpp-packed":  # two requests, prefilled packed and decoded together
+                both = [prompts["a"], prompts["b"]] if first else None
+                gen = pipe.generate(both, NEW, chunking, schedule=schedule)
+                results[(key, "packed-a")], results[(key, "packed-b")] = gen.tokens[0], gen.tokens[1]
+                continue
+            for name in ("a", "b"):
+                gen = pipe.generate(prompts[name] if first else None, NEW, chunking, schedule=schedule)
+                results[(key, f"{schedule}-{name}")] = gen.tokens[0]
+            if schedule == "vpp-async":
+                results.update(_handover(pipe, model, schedule, groups, prompts, key, pp))
+                results[(key, "sampled")] = _sampled(pipe, prompts["a"] if first else None)
+    everyone = [None] * world
+    torch.distributed.all_gather_object(everyone, results)
+    return everyone
+
+
+def _handover(pipe, model, schedule, groups, prompts, key, pp):
+    """Prefill, decode 4 tokens, export the caches, import them into fresh stages, decode on."""
+    from vpp.bench.prefill import layout_for
+    from vpp.runtime import Pipeline, Sampler
+
+    first = any(s.is_first for s in pipe.stages)
+    out = pipe.prefill(prompts["a"] if first else None, 8, schedule=schedule, request_ids=[3])
+    greedy = Sampler()
+    tokens = [int(greedy.sample(pipe.next_logits(out, [3]))[0])]
+    for _ in range(3):
+        tokens.append(int(greedy.sample(pipe.decode(torch.tensor(tokens[-1:]), [3]))[0]))
+    moved = pipe.export_cache(3)
+    pipe.release(3)
+    fresh = Pipeline(model.stages(layout_for(model, schedule, pp), groups), groups, timeout_s=120)
+    fresh.import_cache(9, moved)
+    while len(tokens) < NEW:
+        tokens.append(int(greedy.sample(fresh.decode(torch.tensor(tokens[-1:]), [9]))[0]))
+    fresh.release(9)
+    return {(key, "handover-a"): tokens}
+
+
+def _sampled(pipe, prompt):
+    from vpp.runtime import Sampler
+    runs = [pipe.generate(prompt, 8, 8, schedule="vpp-async", sampler=Sampler(0.9, 20, 0.9, seed=5)).tokens[0]
+            for _ in range(2)]
+    return runs
+
+
+@pytest.fixture(scope="module")
+def grid_results(references):
+    from vpp.parallel import run_distributed
+    prompts = next(iter(references.values()))[1]
+    out = {}
+    for tp, pp in GRIDS:
+        per_rank = run_distributed(_grid_run, tp * pp, tp, pp, _cases(references, pp), prompts, timeout=900)
+        out[(tp, pp)] = per_rank[0]  # every rank's results, gathered
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp,pp", GRIDS, ids=[f"tp{t}-pp{p}" for t, p in GRIDS])
+def test_greedy_generation_matches_transformers(references, grid_results, tp, pp):
+    everyone = grid_results[(tp, pp)]
+    mine = everyone[0]
+    checked = 0
+    for key, path in _cases(references, pp):
+        ref = references[key][2]
+        for what, tokens in mine.items():
+            if what[0] != key or what[1] == "sampled":
+                continue
+            name = what[1].rsplit("-", 1)[1]
+            assert tokens == ref[name], (tp, pp, key, what)
+            checked += 1
+        for rank, theirs in enumerate(everyone):  # every rank knows the same tokens
+            assert theirs == mine, (tp, pp, rank)
+    assert checked >= len(_cases(references, pp)) * (2 * len(SCHEDULES) + 3)
+
+
+@pytest.mark.slow
+def test_seeded_sampling_is_the_same_everywhere_and_every_time(references, grid_results):
+    for (tp, pp), everyone in grid_results.items():
+        for key, _ in _cases(references, pp):
+            first, second = everyone[0][(key, "sampled")]
+            assert first == second, (tp, pp, key)  # the same seed gives the same tokens again
+            assert all(r[(key, "sampled")] == [first, second] for r in everyone)

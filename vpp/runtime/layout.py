@@ -1,0 +1,45 @@
+"""The layout a pipeline's stage modules form, read off their descriptors (:mod:`.handshake`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from vpp.plan.layout import Layout, stage_ranks_for
+
+from . import handshake
+
+
+def infer_layout(pipeline: Sequence[handshake.RankInfo]) -> Layout:
+    """The layout the stage modules describe: stages ordered by first layer, each on the pipeline rank
+    that holds it. Raises (with the layer ranges) when they do not tile the model."""
+    held = sorted((st.layer_range, rank) for rank, info in enumerate(pipeline) for st in info.stages)
+    if not held:
+        raise ValueError("no rank holds a stage")
+    ranges = tuple(r for r, _ in held)
+    ranks = tuple(rank for _, rank in held)
+    num_layers = ranges[-1][1]
+    P = len(pipeline)
+    kind, folds = "custom", len(ranges) // (2 * P) if len(ranges) % (2 * P) == 0 else 1
+    for k, f in (("loop", 1), ("v", folds), ("interleaved", folds)):
+        try:
+            if stage_ranks_for(k, P, f) == ranks:
+                kind, folds = k, f
+                break
+        except ValueError:
+            continue
+    try:
+        return Layout(kind=kind, num_ranks=P, num_layers=num_layers, folds=folds,
+                      stage_ranks=ranks, stage_layers=ranges)
+    except ValueError as exc:
+        by_rank = {r: [list(st.layer_range) for st in info.stages] for r, info in enumerate(pipeline)}
+        raise ValueError(f"stage modules do not form a pipeline ({exc}); layer ranges by pipeline rank: "
+                         f"{by_rank}") from None
+
+
+def check_stage_shapes(pipeline: Sequence[handshake.RankInfo]) -> None:
+    """All stages of a pipeline must agree on hidden size and dtype (activations flow between them)."""
+    seen = {(st.hidden_size, st.dtype) for info in pipeline for st in info.stages}
+    if len(seen) > 1:
+        detail = {r: [(list(st.layer_range), st.hidden_size, st.dtype) for st in info.stages]
+                  for r, info in enumerate(pipeline)}
+        raise ValueError(f"stages disagree on (hidden size, dtype): {detail}")

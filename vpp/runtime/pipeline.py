@@ -1,0 +1,244 @@
+"""The pipeline object an inference loop holds: built once per rank, it prefills prompt after prompt
+and decodes from the caches the prefill left.
+
+``Pipeline(stages, groups)`` makes the world-wide start-up exchange once (every rank learns the
+layout the stage modules form and their shapes; a mismatch is the same error on every rank) and keeps
+a cache of verified plans keyed by (schedule, requests' chunk sizes and arrivals, concurrency). A
+prefill then costs one small exchange of the prompts' lengths (only the ranks that hold stage 0 are
+given the prompts), a plan lookup, and the run. :mod:`.api`'s ``forward_*_prefill`` functions are
+one-shot wrappers over it.
+
+Decoding (:meth:`Pipeline.decode`, :meth:`Pipeline.generate`) runs one batch of tokens, one per live
+request, through the stages in stage order (on a V the batch goes down the ranks and back up) and
+broadcasts the next-token logits from the rank holding the last stage to every rank of the
+pipeline, so every rank samples the same next tokens (:mod:`.sampling`, seeded alike everywhere).
+See :mod:`.decode`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Hashable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from vpp.parallel.groups import ParallelGroups
+from vpp.plan import strategies
+from vpp.plan.ir import Plan, Request, chunk_requests
+from vpp.plan.layout import Layout
+from vpp.plan.verify import verify
+
+from . import handshake, inputs
+from .decode import broadcast_logits, decode_step
+from .executor import Executor
+from .layout import check_stage_shapes, infer_layout
+from .output import PrefillOutput
+from .sampling import Sampler
+from .traces import gather_trace
+from .watchdog import rendezvous
+
+
+@dataclass(frozen=True)
+class PromptInfo:
+    """What one rank knows of a prefill's prompts (see :func:`handshake.first_problem`)."""
+
+    prompt_lengths: tuple[int, ...] | None
+    prompt_problem: str | None
+    run_key: str
+
+
+@dataclass
+class Generation:
+    """The outcome of :meth:`Pipeline.generate`, the same on every rank: ``tokens`` per request (new
+    tokens only), ``ttft_s`` (hand-over of the prompts to the first tokens known on every rank) and
+    ``decode_s`` (the decode steps; per output token: ``decode_s / max(steps, 1)``)."""
+
+    tokens: dict[Hashable, list[int]]
+    ttft_s: float
+    decode_s: float
+    steps: int
+
+    @property
+    def time_per_output_token_s(self) -> float:
+        return self.decode_s / max(self.steps, 1)
+
+
+class Pipeline:
+    """This rank's part of a pipeline: its stage modules (in stage order), the groups, and a plan
+    cache. ``timeout_s`` bounds every wait of every call (see :mod:`.watchdog`)."""
+
+    def __init__(self, stages: Sequence[torch.nn.Module], groups: ParallelGroups, *, timeout_s: float = 300.0):
+        self.timeout_s = inputs.check_timeout(timeout_s)
+        self.stages, self.groups = list(stages), groups
+        infos = handshake.exchange(self.stages, groups, None, timeout_s=self.timeout_s)
+        self.key, self.steps = infos[0].run_key, 0  # the same on every rank: names decode steps' notices
+        self.pipeline = handshake.pipeline_of(infos, groups)
+        self.layout: Layout = infer_layout(self.pipeline)
+        check_stage_shapes(self.pipeline)
+        self.first = next(st for info in self.pipeline for st in info.stages if st.is_first)
+        self.last = next(st for info in self.pipeline for st in info.stages if st.is_last)
+        self.mine = dict(zip(self.layout.stages_of(groups.pp.rank), self.stages))
+        self._plans: dict[tuple, Plan] = {}
+
+    # --- prefill ---------------------------------------------------------------------------------
+
+    def prefill(self, input_ids: Any, chunk_size: inputs.Chunking, *, schedule: str = "vpp",
+                request_ids: Sequence[Hashable] | None = None, arrivals: Sequence[float] | None = None,
+                concurrency: int | None = None, return_trace: bool = False, progress=None) -> PrefillOutput:
+        """Prefill one prompt or a stream of them (see :func:`vpp.runtime.api.forward_prefill`)."""
+        strategy = strategies.get(schedule, strategies.PLANNED)
+        chunk_size = inputs.check_chunking(chunk_size)
+        if strategy.chunking == "dcpp" and isinstance(chunk_size, int):
+            raise ValueError(f"schedule {schedule!r} takes its chunk sizes from a DCPP planner: call "
+                             f"forward_dcpp_prefill, or pass planner.chunk_sizes as chunk_size")
+        if concurrency is not None and (not inputs.is_count(concurrency) or concurrency < 1):
+            raise ValueError(f"concurrency={concurrency!r} must be a positive integer or None")
+        prompts, problem = inputs.as_prompts(input_ids)
+        infos = self._exchange_prompts(prompts, problem)
+        problem = handshake.first_problem(infos)
+        if problem:
+            raise ValueError(problem)
+        lengths = handshake.prompt_lengths(infos)
+        ids = inputs.check_request_ids(request_ids if request_ids is not None else range(len(lengths)), len(lengths))
+        plan = self.plan(schedule, requests_for(lengths, chunk_size, ids, arrivals), concurrency)
+        executor = Executor(plan, self.mine, self.groups, self.pipeline, run_key=infos[0].run_key,
+                            timeout_s=self.timeout_s, progress=progress)
+        by_id = dict(zip(ids, prompts)) if prompts is not None else {}
+        if (return_trace or arrivals is not None) and dist.is_initialized() and self.groups.sizes.world_size > 1:
+            # traces and arrival times share an origin: start every rank together
+            rendezvous("the start barrier", self.groups.global_rank, self.groups.sizes.world_size,
+                       timeout_s=self.timeout_s)
+            dist.barrier()
+        start = time.perf_counter()
+        result = executor.run(by_id)
+        wall = time.perf_counter() - start
+        trace = gather_trace(result, self.groups, plan, timeout_s=self.timeout_s) if return_trace else None
+        return PrefillOutput(result.logits.get(ids[0]), result.logits, plan, result, trace, wall)
+
+    def plan(self, schedule: str, requests: Sequence[Request], concurrency: int | None = None) -> Plan:
+        """The verified plan of ``schedule`` for ``requests`` (built once per distinct chunking)."""
+        key = (schedule, tuple((q.id, q.chunk_sizes, q.arrival) for q in requests), concurrency)
+        if key not in self._plans:
+            spec = strategies.get(schedule, strategies.PLANNED)
+            self._plans[key] = verify(spec.plan(self.layout, requests, concurrency=concurrency))
+        return self._plans[key]
+
+    def _exchange_prompts(self, prompts, problem) -> list[PromptInfo]:
+        lengths = None
+        if prompts is not None and any(m.is_first for m in self.stages):
+            lengths = tuple(int(p.numel()) for p in prompts)
+            problems = [handshake.check_prompt(p, self.first, f"prompt {i}" if len(prompts) > 1 else "prompt")
+                        for i, p in enumerate(prompts)]
+            problem = problem or next((p for p in problems if p), None)
+        mine = PromptInfo(lengths, problem, os.urandom(8).hex())
+        if not dist.is_initialized() or self.groups.sizes.world_size == 1:
+            return [mine]
+        rendezvous("the prompts' exchange", self.groups.global_rank, self.groups.sizes.world_size,
+                   timeout_s=self.timeout_s)
+        out: list[Any] = [None] * self.groups.sizes.world_size
+        dist.all_gather_object(out, mine)
+        return out
+
+    # --- decode ----------------------------------------------------------------------------------
+
+    def next_logits(self, output: PrefillOutput, request_ids: Sequence[Hashable]) -> torch.Tensor:
+        """The prefill's last-token logits of ``request_ids`` as [B, vocab] float32 on every rank."""
+        local = None
+        if output.all_logits:
+            local = torch.stack([output.all_logits[q].reshape(-1) for q in request_ids])
+        return broadcast_logits(self, local, len(request_ids))
+
+    def decode(self, tokens: torch.Tensor, request_ids: Sequence[Hashable]) -> torch.Tensor:
+        """Append one token per request (``tokens`` [B], the same on every rank) to its caches and
+        return the next-token logits [B, vocab] (float32) on every rank."""
+        return decode_step(self, tokens, list(request_ids))
+
+    def release(self, request: Hashable) -> None:
+        """Free every cache ``request`` holds on this rank's stages."""
+        for stage in self.stages:
+            stage.release(request)
+
+    def export_cache(self, request: Hashable) -> dict[str, torch.Tensor]:
+        """This rank's caches of ``request`` as plain tensors (see ``Stage.export_cache`` for the
+        layout): what an engine takes over to continue decoding elsewhere."""
+        out: dict[str, torch.Tensor] = {}
+        for stage in self.stages:
+            out.update(stage.export_cache(request))
+        return out
+
+    def import_cache(self, request: Hashable, tensors: dict[str, torch.Tensor]) -> None:
+        """Install a request's caches exported by a pipeline of the same layout and TP rank."""
+        for stage in self.stages:
+            start, end = stage.layer_range
+            mine = {k: v for k, v in tensors.items() if start <= int(k.split(".")[2]) < end}
+            stage.import_cache(request, mine)
+
+    def generate(self, prompts: Any, max_new_tokens: int, chunk_size: inputs.Chunking, *, schedule: str = "vpp",
+                 sampler: Sampler | None = None, request_ids: Sequence[Hashable] | None = None,
+                 eos_token_id: int | None = None, release: bool = True, on_tokens=None) -> Generation:
+        """Prefill ``prompts`` with ``schedule``, then decode up to ``max_new_tokens`` tokens per request,
+        all live requests in one batch per step (a request stops at ``eos_token_id``). Greedy unless a
+        :class:`~.sampling.Sampler` says otherwise. ``prompts`` are given on the ranks holding stage 0
+        (``None`` elsewhere), as for :meth:`prefill`. ``on_tokens(tokens)`` is called after every step
+        with the tokens so far (request id -> list), e.g. to stream them."""
+        if not inputs.is_count(max_new_tokens) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
+        sampler = sampler or Sampler()
+        start = time.perf_counter()
+        out = self.prefill(prompts, chunk_size, schedule=schedule, request_ids=request_ids)
+        ids = [q.id for q in out.plan.requests]
+        self._check_room(out.plan, max_new_tokens)
+        tokens = sampler.sample(self.next_logits(out, ids))
+        ttft = time.perf_counter() - start
+        generated = {q: [int(t)] for q, t in zip(ids, tokens)}
+        if on_tokens is not None:
+            on_tokens(generated)
+        live = [q for q, t in zip(ids, tokens) if int(t) != eos_token_id]
+        steps, decode_start = 0, time.perf_counter()
+        while live and steps < max_new_tokens - 1:
+            batch = torch.tensor([generated[q][-1] for q in live], dtype=torch.long)
+            tokens = sampler.sample(self.decode(batch, live))
+            steps += 1
+            for q, t in zip(live, tokens):
+                generated[q].append(int(t))
+            live = [q for q in live if generated[q][-1] != eos_token_id]
+            if on_tokens is not None:
+                on_tokens(generated)
+        decode_s = time.perf_counter() - decode_start
+        if release:
+            for q in ids:
+                self.release(q)
+        return Generation(generated, ttft, decode_s, steps)
+
+    def _check_room(self, plan: Plan, max_new_tokens: int) -> None:
+        limit = self.first.max_positions
+        longest = max(q.length for q in plan.requests)
+        if limit is not None and longest + max_new_tokens - 1 > limit:
+            raise ValueError(f"a prompt of {longest} tokens plus {max_new_tokens} new ones exceeds the model's "
+                             f"{limit} positions")
+
+
+def requests_for(lengths: Sequence[int], chunk_size: inputs.Chunking, ids: Sequence[Hashable],
+                 arrivals: Sequence[float] | None = None) -> list[Request]:
+    """The requests of a prefill: each prompt's chunk sizes (fixed, explicit or from a function) and
+    arrival time."""
+    if arrivals is not None and any(isinstance(a, bool) or not isinstance(a, (int, float)) or a < 0 for a in arrivals):
+        raise ValueError(f"arrivals must be seconds >= 0, got {list(arrivals)!r}")
+    arrivals = [0.0] * len(lengths) if arrivals is None else [float(a) for a in arrivals]
+    if len(arrivals) != len(lengths):
+        raise ValueError(f"{len(arrivals)} arrival times for {len(lengths)} prompts")
+    if isinstance(chunk_size, int):
+        return [Request(q, r.chunk_sizes, a) for q, r, a in zip(ids, chunk_requests(lengths, chunk_size), arrivals)]
+    if callable(chunk_size):
+        chunk_size = [inputs.check_sizes(list(chunk_size(n)), f"chunk sizes the chunking function gave for {n} tokens")
+                      for n in lengths]
+    sizes = [tuple(s) for s in chunk_size]
+    if len(sizes) != len(lengths):
+        raise ValueError(f"{len(sizes)} chunkings for {len(lengths)} prompts")
+    for q, n, s in zip(ids, lengths, sizes):
+        if sum(s) != n:
+            raise ValueError(f"request {q}: chunk sizes sum to {sum(s)} but the prompt has {n} tokens")
+    return [Request(q, s, a) for q, s, a in zip(ids, sizes, arrivals)]
