@@ -40,8 +40,9 @@ def references(tmp_path_factory):
             tokens = {}
             with torch.no_grad():
                 for name, ids in prompts.items():
-                    seq = m.generate(ids[None], max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW,
-                                     pad_token_id=0, eos_token_id=None)
+                    # an explicit mask: without one, generate takes pad_token_id tokens of the prompt as padding
+                    seq = m.generate(ids[None], attention_mask=torch.ones_like(ids)[None], max_new_tokens=NEW,
+                                     do_sample=False, pad_token_id=0, eos_token_id=None)
                     tokens[name] = seq[0, ids.numel():].tolist()
             out[(model_type, freq)] = (str(path), prompts, tokens)
     return out
