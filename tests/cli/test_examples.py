@@ -35,3 +35,21 @@ def test_pp_sweep_rows_agree_on_the_first_token():
     rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| [12] \|", line)]
     assert len(rows) >= 6
     assert len({r[-1].strip() for r in rows}) == 1, out
+
+
+def test_generate_example_decodes_two_prompts():
+    out = _run("examples/generate.py", "--seq-len", "96", "--chunk-size", "32", "--max-new-tokens", "4")
+    rows = re.findall(r"prompt (\d) \((\d+) tokens\): \[([\d, ]+)\]", out)
+    assert [(r[0], r[1]) for r in rows] == [("0", "96"), ("1", "48")], out
+    assert all(len(r[2].split(",")) == 4 for r in rows), out
+
+
+def test_generate_command_json_and_stream():
+    import json
+    out = _run("-m", "vpp", "generate", "--seq-len", "64", "--chunk-size", "16", "--max-new-tokens", "5", "--json")
+    d = json.loads(out)
+    assert len(d["prompt_ids"]) == 64 and len(d["generated_ids"]) == 5 and d["ttft_s"] > 0
+    assert d["time_per_output_token_s"] > 0
+    streamed = _run("-m", "vpp", "generate", "--seq-len", "64", "--chunk-size", "16", "--max-new-tokens", "5",
+                    "--schedule", "cpp")
+    assert streamed.split() == [str(t) for t in d["generated_ids"]]  # same greedy tokens, ids streamed

@@ -19,10 +19,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from vpp.models.registry import open_model, snap_partition
+from vpp.models.registry import open_model
 from vpp.parallel.comm import irecv, isend
 from vpp.parallel.groups import ParallelGroups
-from vpp.plan import TableCost, make_layout, simulate, strategies
+from vpp.plan import TableCost, simulate, strategies
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp import profile_planner
 
@@ -110,11 +110,7 @@ def _simulated(plan, trace, transfer_s: float):
 def layout_for(model, schedule: str, pp: int, folds: int = 1):
     """The layout ``schedule`` runs ``model`` on: its strategy's kind, stages as even as the model's
     allowed stage starts permit."""
-    kind = strategies.get(schedule).layout
-    folds = 1 if kind == "loop" else folds
-    n_stages = pp * (1 if kind == "loop" else 2 * folds)
-    partition = snap_partition(model.num_layers, n_stages, model.stage_starts)
-    return make_layout(kind, model.num_layers, pp, folds=folds, partition=partition)
+    return model.layout(strategies.get(schedule).layout, pp, folds)
 
 
 def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict]:

@@ -26,6 +26,15 @@ class ModelSource:
     build: Callable[[tuple[int, int], ParallelGroups], torch.nn.Module]
     config: dict
 
+    def layout(self, kind: str, pp: int, folds: int = 1):
+        """A ``kind`` layout ("loop", "v", "interleaved") of this model on ``pp`` ranks, stages as even
+        as the model's allowed stage starts permit (GLM-5's shared-indexer layers cannot start one)."""
+        from vpp.plan import make_layout
+        folds = 1 if kind == "loop" else folds
+        n_stages = pp * (1 if kind == "loop" else 2 * folds)
+        partition = snap_partition(self.num_layers, n_stages, self.stage_starts)
+        return make_layout(kind, self.num_layers, pp, folds=folds, partition=partition)
+
     def stages(self, layout, groups: ParallelGroups) -> list[torch.nn.Module]:
         """This pipeline rank's stage modules for ``layout`` (a :class:`vpp.schedules.Layout`), in stage order."""
         return [self.build(layout.stage_layers[s], groups) for s in layout.stages_of(groups.pp.rank)]
