@@ -19,12 +19,14 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from vpp.models.registry import open_model, snap_partition
+from vpp.models.registry import open_model
 from vpp.parallel.comm import irecv, isend
 from vpp.parallel.groups import ParallelGroups
 from vpp.plan import TableCost, make_layout, simulate, strategies
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp import profile_planner
+
+from .partition import choose_partition
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ class BenchConfig:
     chunk_size: int = 1024
     schedules: tuple[str, ...] = ("cpp", "vpp", "vpp-async")
     folds: int = 1
+    partition: str = "rank"          # "rank": balanced per rank on the cost model (partition.py); "even"
     repeat: int = 3
     warmup: bool = True
     dtype: str = "float32"
@@ -119,8 +122,8 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     for sched in cfg.schedules:
         kind = strategies.get(sched).layout
         folds = 1 if kind == "loop" else cfg.folds
-        n_stages = groups.pp.size * (1 if kind == "loop" else 2 * folds)
-        partition = snap_partition(model.num_layers, n_stages, model.stage_starts)
+        partition = choose_partition(model, kind, groups.pp.size, folds, chunk=cfg.chunk_size, seq_len=cfg.seq_len,
+                                     how=cfg.partition)
         layout = make_layout(kind, model.num_layers, groups.pp.size, folds=folds, partition=partition)
         layouts[sched] = layout
         stages[sched] = model.stages(layout, groups)

@@ -1,0 +1,126 @@
+"""Partitions balanced per rank: the heaviest *rank*, not the heaviest stage.
+
+A rank holds several stages (in a V, rank 0 holds the first and the last, with the embedding and the
+LM head), and what a pipeline waits for is a rank's total work per chunk. :func:`balance_ranks` cuts
+``costs`` (one per layer) into contiguous stages and minimises, in this order:
+
+1. the heaviest rank's cost (the sum of its stages', the embedding on stage 0, the head on the last);
+2. the sum of squared rank costs (the others as even as the heaviest allows);
+3. the sum of squared stage costs (stages of a rank alike, as Eq. 3b's pairing of s_0 with s_{2P-1} wants);
+4. the last stage's cost (a rank idles during the last stage of the last chunk: the drain).
+
+Search. Stage boundaries are chosen among ``allowed`` starts (default: every layer; a DSA model whose
+layers share an indexer cannot be cut between them). When the number of boundary sets is at most
+``exact_limit`` every one is tried, so the result is optimal. Otherwise a descent starts from the best of
+``seeds`` (partitions to improve on, e.g. the per-stage balancer's, :func:`vpp.plan.layout.balance`, as
+:func:`vpp.plan.make_layout` passes it) and the even split, and moves one boundary at a time to any
+allowed position between its neighbours while the objective improves; it returns a partition no worse
+than any seed, in particular never heavier on its heaviest rank than the per-stage balancer's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Callable, Sequence
+
+EXACT_LIMIT = 200_000
+
+
+def rank_loads(partition: Sequence[int], costs: Sequence[float], stage_ranks: Sequence[int], *,
+               embed_cost: float = 0.0, head_cost: float = 0.0) -> list[float]:
+    """Per rank, the summed cost of its stages under ``partition`` (layers per stage)."""
+    loads = [0.0] * (max(stage_ranks) + 1)
+    for s, c in enumerate(stage_costs(partition, costs, embed_cost=embed_cost, head_cost=head_cost)):
+        loads[stage_ranks[s]] += c
+    return loads
+
+
+def stage_costs(partition: Sequence[int], costs: Sequence[float], *, embed_cost: float = 0.0,
+                head_cost: float = 0.0) -> list[float]:
+    out, start = [], 0
+    for n in partition:
+        out.append(sum(costs[start:start + n]))
+        start += n
+    out[0] += embed_cost
+    out[-1] += head_cost
+    return out
+
+
+def _objective(stage_ranks, costs, embed_cost, head_cost) -> Callable[[Sequence[int]], tuple]:
+    """score(bounds): the objective of the partition whose inner stage boundaries are ``bounds``."""
+    pre = [0.0, *itertools.accumulate(costs)]
+    n, ranks = len(costs), max(stage_ranks) + 1
+    r = lambda x: round(x, 12)   # float noise must not break ties between equal partitions
+
+    def score(bounds: Sequence[int]) -> tuple:
+        edges = (0, *bounds, n)
+        loads = [0.0] * ranks
+        sq = 0.0
+        for s in range(len(edges) - 1):
+            c = pre[edges[s + 1]] - pre[edges[s]]
+            if s == 0:
+                c += embed_cost
+            if s == len(edges) - 2:
+                c += head_cost
+                last = c
+            loads[stage_ranks[s]] += c
+            sq += c * c
+        return (r(max(loads)), r(sum(x * x for x in loads)), r(sq), r(last))
+    return score
+
+
+def _from_bounds(bounds: Sequence[int], n: int) -> tuple[int, ...]:
+    edges = [0, *bounds, n]
+    return tuple(b - a for a, b in zip(edges, edges[1:]))
+
+
+def balance_ranks(costs: Sequence[float], stage_ranks: Sequence[int], *, embed_cost: float = 0.0,
+                  head_cost: float = 0.0, allowed: Sequence[int] | None = None,
+                  seeds: Sequence[Sequence[int]] = (), exact_limit: int = EXACT_LIMIT) -> tuple[int, ...]:
+    """Layers per stage minimising the heaviest rank (see the module docstring)."""
+    n, stages = len(costs), len(stage_ranks)
+    cuts = sorted(set(range(1, n)) if allowed is None else {a for a in allowed if 0 < a < n})
+    if len(cuts) < stages - 1:
+        raise ValueError(f"{n} layers with stage starts {[0] + cuts} allow {len(cuts) + 1} stages, "
+                         f"{stages} asked for")
+    if any(c < 0 for c in costs) or embed_cost < 0 or head_cost < 0:
+        raise ValueError("layer, embedding and head costs must be >= 0")
+    score = _objective(tuple(stage_ranks), list(costs), embed_cost, head_cost)
+    if math.comb(len(cuts), stages - 1) <= exact_limit:
+        return _from_bounds(min(itertools.combinations(cuts, stages - 1), key=score), n)
+    return _descend(_starts(seeds, stages, cuts, n), cuts, n, score)
+
+
+def _starts(seeds, stages, cuts, n) -> list[list[int]]:
+    out = []
+    for part in seeds:
+        bounds = list(itertools.accumulate(part))[:-1]
+        if len(part) != stages or sum(part) != n or not set(bounds) <= set(cuts):
+            raise ValueError(f"seed partition {list(part)} is not {stages} stages of {n} layers on the allowed starts")
+        out.append(bounds)
+    step = len(cuts) / stages
+    even = sorted({cuts[min(len(cuts) - 1, int(round(step * (i + 1))) - 1)] for i in range(stages - 1)})
+    if len(even) == stages - 1:
+        out.append(even)
+    else:
+        out.append(cuts[:stages - 1])
+    return out
+
+
+def _descend(starts: list[list[int]], cuts: list[int], n: int, score) -> tuple[int, ...]:
+    best = min(starts, key=score)
+    best_score = score(best)
+    improved = True
+    while improved:
+        improved = False
+        for i in range(len(best)):
+            lo = best[i - 1] if i else 0
+            hi = best[i + 1] if i + 1 < len(best) else n
+            for c in cuts:
+                if lo < c < hi and c != best[i]:
+                    trial = best[:i] + [c] + best[i + 1:]
+                    s = score(trial)
+                    if s < best_score:
+                        best, best_score, improved = trial, s, True
+    return _from_bounds(best, n)
