@@ -3,8 +3,9 @@
 A :class:`Cell` holds one published number (a point, a ``(lo, hi)`` range the paper's claim spans, or
 None where the paper gives only words) and the model's value for the same quantity, in the paper's own
 metric (seconds per rank for Tables 1 and 2, throughput gains for the sweeps, step counts). ``status``
-is "fitted" for the three cells the device constants are fitted on (:mod:`vpp.bench.fit`) and
-"predicted" for every other. The error of a point is relative, ``(model - paper) / |paper|``; of a
+is "fitted" for the three cells the device constants are fitted on (:mod:`vpp.bench.fit`), "derived"
+for cells whose model value follows from a fitted cell or from arithmetic alone (the launch-stall deltas,
+CPP's step count, Table 2(a)'s repeat of Table 1's DCPP column), and "predicted" for every other. The error of a point is relative, ``(model - paper) / |paper|``; of a
 range, the distance to the nearer end relative to it (0 inside). A cell is *reproduced* when it is
 predicted and its error is within the tolerance (10% by default).
 
@@ -31,10 +32,13 @@ class Cell:
     model: float | None
     unit: str = "s"
     note: str = ""
+    derived: bool = False
 
     @property
     def status(self) -> str:
-        return "fitted" if (self.section, self.row) in FITTED else "predicted"
+        if (self.section, self.row) in FITTED:
+            return "fitted"
+        return "derived" if self.derived else "predicted"
 
     @property
     def error(self) -> float | None:
@@ -78,7 +82,7 @@ def markdown(cells: list[Cell], tol: float = TOL) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for c in cells:
         err = "-" if c.error is None else f"{100 * c.error:+.1f}%"
-        ok = "-" if c.status == "fitted" or c.error is None else ("yes" if c.reproduced(tol) else "**no**")
+        ok = "-" if c.status != "predicted" or c.error is None else ("yes" if c.reproduced(tol) else "**no**")
         lines.append(f"| {c.section} | {c.row} | {_fmt(c.paper, c.unit)} | {_fmt(c.model, c.unit)} | {err} | "
                      f"{c.status} | {ok} | {c.note} |")
     return "\n".join(lines)
@@ -87,7 +91,8 @@ def markdown(cells: list[Cell], tol: float = TOL) -> str:
 def summary(cells: list[Cell], tol: float = TOL) -> dict:
     scored = [c for c in cells if c.status == "predicted" and c.error is not None]
     good = [c for c in scored if c.reproduced(tol)]
-    return {"cells": len(cells), "fitted": sum(c.status == "fitted" for c in cells), "scored": len(scored),
+    return {"cells": len(cells), "fitted": sum(c.status == "fitted" for c in cells),
+            "derived": sum(c.status == "derived" for c in cells), "scored": len(scored),
             "reproduced": len(good), "missed": [f"{c.section}: {c.row}" for c in scored if not c.reproduced(tol)]}
 
 
@@ -110,7 +115,7 @@ def table_cells(rows: dict) -> list[Cell]:
         pd, pv = P["dcpp"][key], P["vpp"][key]
         md, mv = getattr(d, key), getattr(v, key)
         if key != "total":
-            cells += [Cell("Table 2(a)", f"DCPP {label}", pd, md, note="= Table 1"),
+            cells += [Cell("Table 2(a)", f"DCPP {label}", pd, md, note="= Table 1", derived=True),
                       Cell("Table 2(a)", f"VPP {label}", pv, mv, note="model: VPP-Async")]
         cells += [Cell("Table 2(a)", f"delta {label}", pv - pd, mv - md),
                   Cell("Table 2(a)", f"delta/DCPP {label}", 100 * (pv - pd) / pd, 100 * (mv - md) / md, "%")]
@@ -127,9 +132,11 @@ def table_cells(rows: dict) -> list[Cell]:
     for part, attr in (("Free", "free"), ("Launch stall", "launch_stall")):
         pd, pv = B["dcpp"][part], B["vpp"][part]
         md, mv = getattr(d, attr), getattr(v, attr)
+        stall = part == "Launch stall"      # its deltas follow from the fitted DCPP cell and VPP's async scheduler
         cells += [Cell("Table 2(c)", f"DCPP {part}", pd, md), Cell("Table 2(c)", f"VPP {part}", pv, mv),
-                  Cell("Table 2(c)", f"delta {part}", pv - pd, mv - md),
-                  Cell("Table 2(c)", f"delta/DCPP {part}", 100 * (pv - pd) / pd, 100 * (mv - md) / md if md else None, "%")]
+                  Cell("Table 2(c)", f"delta {part}", pv - pd, mv - md, derived=stall),
+                  Cell("Table 2(c)", f"delta/DCPP {part}", 100 * (pv - pd) / pd, 100 * (mv - md) / md if md else None,
+                       "%", derived=stall)]
     O = paper.OVERLAP_RATIO_512K
     cells += [Cell("Table 2 text", "DCPP overlap ratio", 100 * O["dcpp"], 100 * d.overlap_ratio, "%"),
               Cell("Table 2 text", "VPP overlap ratio", 100 * O["vpp"], 100 * v.overlap_ratio, "%")]
@@ -138,7 +145,8 @@ def table_cells(rows: dict) -> list[Cell]:
 
 def steps_cells(cpp_128k: int, dcpp_128k: int, cpp_512k: int, dcpp_512k: int, allgather_ratio: float) -> list[Cell]:
     """Fig. 1(b) and the step / AllGather-call ratios of Sec. 4 and 6.3."""
-    return [Cell("Fig. 1(b)", "CPP steps, 128K (16K budget)", paper.STEPS["cpp_128k"], cpp_128k, "steps"),
+    return [Cell("Fig. 1(b)", "CPP steps, 128K (16K budget)", paper.STEPS["cpp_128k"], cpp_128k, "steps",
+                 "128K / 16K", derived=True),
             Cell("Fig. 1(b)", "DCPP steps, 128K (16K budget)", paper.STEPS["dcpp_128k"], dcpp_128k, "steps"),
             Cell("Sec. 4", "DCPP / CPP steps, 512K (24K budget)", paper.STEPS["dcpp_over_cpp_512k"],
                  dcpp_512k / cpp_512k, "x"),
@@ -225,3 +233,20 @@ def stream_cells(results: dict) -> list[Cell]:
               Cell("Fig. 3 short", "VPP over DCPP, worst model and length", paper.SHORT_CLAIMS["vs_dcpp"],
                    min(worst) if worst else None, "%")]
     return cells
+
+
+def chunk_cost_window(runs: dict[int, tuple[float, int]], target: int = 24576) -> tuple[float, float] | None:
+    """The per-chunk cost x (seconds) that, added to every chunk, makes ``target`` the best budget:
+    ``runs[budget] = (TTFT, chunks)``; T_t + N_t x <= T_b + N_b x for every budget b. None if no x >= 0 does."""
+    t, n = runs[target]
+    lo, hi = 0.0, float("inf")
+    for b, (tb, nb) in runs.items():
+        if b == target:
+            continue
+        if nb > n:
+            lo = max(lo, (t - tb) / (nb - n))
+        elif nb < n:
+            hi = min(hi, (tb - t) / (n - nb))
+        elif tb < t:
+            return None
+    return (lo, hi) if lo <= hi else None

@@ -47,10 +47,16 @@ class Served:
         return {"strategy": self.strategy, "chunk": self.chunk, "chunks": self.chunks, **d}
 
 
-def serve(setup: Setup, workload: Workload, strategy: str, chunk: int) -> Served:
-    """Simulate ``workload`` under ``strategy`` with chunk budget ``chunk`` on ``setup``."""
+def serve(setup: Setup, workload: Workload, strategy: str, chunk: int, *, per_rank: bool = False) -> Served:
+    """Simulate ``workload`` under ``strategy`` with chunk budget ``chunk`` on ``setup``; ``per_rank``
+    cuts the layers balanced per rank (:meth:`vpp.perf.runs.Setup.balanced_layout`, costs of a budget
+    chunk at the middle of the median prompt) instead of evenly."""
     spec = strategies.get(strategy, strategies.PLANNED)
-    layout = setup.layout(spec.layout)
+    if per_rank:
+        mid = sorted(workload.lengths)[len(workload.lengths) // 2] // 2
+        layout = setup.balanced_layout(spec.layout, min(chunk, 2 * mid or chunk), mid)
+    else:
+        layout = setup.layout(spec.layout)
     cost = setup.cost(layout, strategy)
     if spec.chunking == "dcpp":
         requests = dcpp_chunking(setup, workload.lengths, chunk, cost, layout, workload.arrivals)
@@ -61,15 +67,16 @@ def serve(setup: Setup, workload: Workload, strategy: str, chunk: int) -> Served
     return Served(strategy, chunk, stream_stats(trace, plan), sum(q.num_chunks for q in plan.requests))
 
 
-def best_budget(setup: Setup, workload: Workload, strategy: str, chunks: Sequence[int] = CHUNKS) -> Served:
+def best_budget(setup: Setup, workload: Workload, strategy: str, chunks: Sequence[int] = CHUNKS, *,
+                per_rank: bool = False) -> Served:
     """The budget with the highest throughput for this strategy (ties: the lower median TTFT)."""
-    runs = [serve(setup, workload, strategy, c) for c in chunks]
+    runs = [serve(setup, workload, strategy, c, per_rank=per_rank) for c in chunks]
     return max(runs, key=lambda r: (r.stats.throughput, -r.stats.ttft_median))
 
 
 def compare(setup: Setup, workload: Workload, strategies_: Sequence[str] = STREAM_STRATEGIES,
-            chunks: Sequence[int] = CHUNKS) -> dict[str, Served]:
-    return {s: best_budget(setup, workload, s, chunks) for s in strategies_}
+            chunks: Sequence[int] = CHUNKS, *, per_rank: bool = False) -> dict[str, Served]:
+    return {s: best_budget(setup, workload, s, chunks, per_rank=per_rank) for s in strategies_}
 
 
 def gain(rows: dict[str, Served], over: str, of: str = "vpp-packed") -> float:

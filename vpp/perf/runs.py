@@ -27,7 +27,7 @@ from .cp import ContextParallelCost
 from .deployment import DeploymentCost
 from .decompose import Row, decompose
 from .hardware import Device
-from .ops import Parallel
+from .ops import Parallel, embed_ops, head_ops
 
 STRATEGIES = sch.strategies.PLANNED
 
@@ -59,6 +59,18 @@ class Setup:
         if self.cp > 1:
             return ContextParallelCost(self.arch, self.device, layout, self.par, cp=self.cp, sync_steps=sync)
         return DeploymentCost(self.arch, self.device, layout, self.par, sync_steps=sync)
+
+    def balanced_layout(self, kind: str, chunk: int, prefix: int, folds: int = 1):
+        """A ``kind`` layout balanced per rank (:func:`vpp.plan.balance_ranks`) on this deployment's
+        per-layer times for a ``chunk``-token chunk after ``prefix`` cached tokens, with the embedding and
+        the head costed on the stages that hold them."""
+        cost = self.cost(self.layout(kind, folds))
+        costs = [cost.layer_time(i, chunk, prefix) for i in range(self.arch.layers)]
+        local = cost.local_tokens(chunk)
+        embed = sum(self.device.op_time(op) for op in embed_ops(self.arch, local, cost.par))
+        head = sum(self.device.op_time(op) for op in head_ops(self.arch, local, cost.par))
+        return sch.make_layout(kind, self.arch.layers, self.pp, folds=folds, layer_costs=costs, embed_cost=embed,
+                               head_cost=head, per_rank=True)
 
     def replace(self, **changes) -> "Setup":
         return dataclasses.replace(self, **changes)

@@ -30,7 +30,6 @@ from vpp.plan.ir import Request
 from .cp import ContextParallelCost, cp_rank_memory
 from .decompose import decompose
 from .memory import rank_memory
-from .ops import embed_ops, head_ops
 from .runs import Setup, requests_for
 from .taper import best_taper
 
@@ -75,16 +74,9 @@ def candidate_setup(setup: Setup, cand: Candidate) -> Setup:
 
 
 def _layout(setup: Setup, cand: Candidate, length: int):
-    layout = setup.layout(cand.kind, cand.folds)
     if cand.partition == "balanced":
-        cost = setup.cost(layout)
-        costs = [cost.layer_time(i, cand.chunk, length // 2) for i in range(setup.arch.layers)]
-        local = cost.local_tokens(cand.chunk)
-        embed = sum(setup.device.op_time(op) for op in embed_ops(setup.arch, local, cost.par))
-        head = sum(setup.device.op_time(op) for op in head_ops(setup.arch, local, cost.par))
-        layout = sch.make_layout(cand.kind, setup.arch.layers, setup.pp, folds=cand.folds, layer_costs=costs,
-                                 embed_cost=embed, head_cost=head, per_rank=True)
-    return layout
+        return setup.balanced_layout(cand.kind, cand.chunk, length // 2, cand.folds)
+    return setup.layout(cand.kind, cand.folds)
 
 
 def evaluate(setup: Setup, cand: Candidate, length: int, sizes=None) -> Result:

@@ -4,10 +4,12 @@ A rank holds several stages (in a V, rank 0 holds the first and the last, with t
 LM head), and what a pipeline waits for is a rank's total work per chunk. :func:`balance_ranks` cuts
 ``costs`` (one per layer) into contiguous stages and minimises, in this order:
 
-1. the heaviest rank's cost (the sum of its stages', the embedding on stage 0, the head on the last);
-2. the sum of squared rank costs (the others as even as the heaviest allows);
-3. the sum of squared stage costs (stages of a rank alike, as Eq. 3b's pairing of s_0 with s_{2P-1} wants);
-4. the last stage's cost (a rank idles during the last stage of the last chunk: the drain).
+1. the heaviest rank's cost (the sum of its stages', the embedding on stage 0, the head on the last),
+   where partitions within ``tolerance`` (default 0.5%) of the optimum count as equal -- so that a few
+   percent of per-layer noise (a dense layer slightly cheaper than a MoE one) cannot buy a lopsided
+   V such as 1/16/15/29 layers over 15/16/15/15 -- but never above the seeds' heaviest rank;
+2. the sum of squared stage costs (stages alike: the drain is the last stage of the last chunk);
+3. the heaviest rank's cost itself, then the last stage's cost.
 
 Search. Stage boundaries are chosen among ``allowed`` starts (default: every layer; a DSA model whose
 layers share an indexer cannot be cut between them). When the number of boundary sets is at most
@@ -24,7 +26,9 @@ import itertools
 import math
 from typing import Callable, Sequence
 
-EXACT_LIMIT = 200_000
+import numpy as np
+
+EXACT_LIMIT = 400_000
 
 
 def rank_loads(partition: Sequence[int], costs: Sequence[float], stage_ranks: Sequence[int], *,
@@ -48,7 +52,8 @@ def stage_costs(partition: Sequence[int], costs: Sequence[float], *, embed_cost:
 
 
 def _objective(stage_ranks, costs, embed_cost, head_cost) -> Callable[[Sequence[int]], tuple]:
-    """score(bounds): the objective of the partition whose inner stage boundaries are ``bounds``."""
+    """score(bounds): (heaviest rank, sum of squared rank costs, sum of squared stage costs, last stage)
+    of the partition whose inner stage boundaries are ``bounds``."""
     pre = [0.0, *itertools.accumulate(costs)]
     n, ranks = len(costs), max(stage_ranks) + 1
     r = lambda x: round(x, 12)   # float noise must not break ties between equal partitions
@@ -77,7 +82,8 @@ def _from_bounds(bounds: Sequence[int], n: int) -> tuple[int, ...]:
 
 def balance_ranks(costs: Sequence[float], stage_ranks: Sequence[int], *, embed_cost: float = 0.0,
                   head_cost: float = 0.0, allowed: Sequence[int] | None = None,
-                  seeds: Sequence[Sequence[int]] = (), exact_limit: int = EXACT_LIMIT) -> tuple[int, ...]:
+                  seeds: Sequence[Sequence[int]] = (), exact_limit: int = EXACT_LIMIT,
+                  tolerance: float = 0.005) -> tuple[int, ...]:
     """Layers per stage minimising the heaviest rank (see the module docstring)."""
     n, stages = len(costs), len(stage_ranks)
     cuts = sorted(set(range(1, n)) if allowed is None else {a for a in allowed if 0 < a < n})
@@ -86,10 +92,36 @@ def balance_ranks(costs: Sequence[float], stage_ranks: Sequence[int], *, embed_c
                          f"{stages} asked for")
     if any(c < 0 for c in costs) or embed_cost < 0 or head_cost < 0:
         raise ValueError("layer, embedding and head costs must be >= 0")
+    if stages == 1:
+        return (n,)
     score = _objective(tuple(stage_ranks), list(costs), embed_cost, head_cost)
+    starts = _starts(seeds, stages, cuts, n)
     if math.comb(len(cuts), stages - 1) <= exact_limit:
-        return _from_bounds(min(itertools.combinations(cuts, stages - 1), key=score), n)
-    return _descend(_starts(seeds, stages, cuts, n), cuts, n, score)
+        return _exact(costs, stage_ranks, embed_cost, head_cost, cuts, [score(b)[0] for b in starts[:len(seeds)]],
+                      tolerance)
+    return _descend(starts, cuts, n, score)
+
+
+def _exact(costs, stage_ranks, embed_cost, head_cost, cuts, seed_tops, tolerance) -> tuple[int, ...]:
+    """Every boundary set at once (numpy): the heaviest rank's optimum, then among the sets within
+    ``tolerance`` of it (and no heavier than any seed) the most even stages, then the lighter heaviest
+    rank, then the lighter last stage."""
+    n, stages = len(costs), len(stage_ranks)
+    pre = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=np.float64))])
+    bounds = np.array(list(itertools.combinations(cuts, stages - 1)), dtype=np.int64).reshape(-1, stages - 1)
+    edges = np.hstack([np.zeros((len(bounds), 1), np.int64), bounds, np.full((len(bounds), 1), n)])
+    stage = pre[edges[:, 1:]] - pre[edges[:, :-1]]
+    stage[:, 0] += embed_cost
+    stage[:, -1] += head_cost
+    loads = np.zeros((len(bounds), max(stage_ranks) + 1))
+    for s, r in enumerate(stage_ranks):
+        loads[:, r] += stage[:, s]
+    top = np.round(loads.max(axis=1), 12)
+    cap = min([top.min() * (1 + tolerance)] + list(seed_tops))
+    ok = np.flatnonzero(top <= cap + 1e-12)
+    keys = (np.round(stage[ok, -1], 12), top[ok], np.round((stage[ok] ** 2).sum(axis=1), 12))
+    best = ok[np.lexsort(keys)[0]]                       # lexsort: the last key is the primary one
+    return _from_bounds(bounds[best].tolist(), n)
 
 
 def _starts(seeds, stages, cuts, n) -> list[list[int]]:
