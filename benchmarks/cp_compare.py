@@ -99,10 +99,13 @@ def main(argv=None) -> int:
             for L in LENGTHS:
                 rows += [{"name": f"{model}-{L // 1024}k-16x{dev.name}", "model": model, "device": dev.name,
                           **o.to_dict()} for o in results[(dev_name, model)][L]]
+    notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cp_compare_notes.md")
     md = "\n".join(["# Context parallelism vs pipeline schedules (simulated)", "",
                      "Command: `python benchmarks/cp_compare.py`. Model: vpp/perf/cp.py (ring attention, pass-KV / "
                      "pass-Q, load-balanced sharding, experts over the whole CP x TP group).", "",
-                     section_anchor(rows), section_table(results), f"_Generated in {time.time() - t0:.0f} s._"])
+                     section_anchor(rows), section_table(results)]
+                    + ([open(notes).read()] if os.path.exists(notes) else [])
+                    + [f"_Generated in {time.time() - t0:.0f} s._"])
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "cp_compare.md"), "w") as f:
         f.write(md)

@@ -40,6 +40,29 @@ def _worker(rank: int, world: int, args) -> dict | None:
     return out if groups.global_rank == 0 else None
 
 
+def _rank_note(args) -> str:
+    """Which layers each rank holds under the two partitions (and the cost model's heaviest rank)."""
+    from vpp.bench.partition import choose_partition, layer_costs
+    from vpp.models.registry import open_model
+    from vpp.plan import make_layout, rank_loads
+    model = open_model(args.model)
+    costs, embed, head = layer_costs(model.config, chunk=args.chunk, seq_len=args.seq_len)
+    out = []
+    for kind in ("loop", "v"):
+        held = {}
+        for how in ("even", "rank"):
+            part = choose_partition(model, kind, 2, chunk=args.chunk, seq_len=args.seq_len, how=how)
+            lay = make_layout(kind, model.num_layers, 2, partition=part)
+            held[how] = [sorted(i for st in lay.stages_of(r) for i in lay.layers_of(st)) for r in range(2)]
+            top = max(rank_loads(part, costs, lay.stage_ranks, embed_cost=embed, head_cost=head))
+            held[how].append(top)
+        same = held["even"][:2] == held["rank"][:2]
+        out.append(f"{kind}: ranks hold layers {held['even'][:2]} (even) and {held['rank'][:2]} (per rank), "
+                   f"heaviest rank {held['even'][2]:.3f} vs {held['rank'][2]:.3f} s per chunk in the cost model"
+                   + (" -- the same layers on each rank" if same else ""))
+    return "Rank contents (cost model, the cpu preset): " + "; ".join(out) + "."
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny-deepseek")
@@ -67,7 +90,7 @@ def main(argv=None) -> int:
                      f"{q[0]:.3f} [{q[1]:.3f}-{q[2]:.3f}] |")
     after = [a / b for a, b in zip(res["ttft"]["rank/vpp-async"], res["ttft"]["even/vpp-async"])]
     lines += ["", f"VPP-Async after / before, per round: {statistics.median(after):.3f} "
-                  f"[{min(after):.3f}-{max(after):.3f}].", ""]
+                  f"[{min(after):.3f}-{max(after):.3f}].", "", _rank_note(args), ""]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "partition_balance.md"), "w") as f:
         f.write("\n".join(lines))

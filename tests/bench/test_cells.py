@@ -39,6 +39,12 @@ def test_table_cells_cover_every_published_number_once():
     assert net.paper == pytest.approx(-12.53, abs=0.01)
 
 
+def test_numbers_near_zero_compare_absolutely():
+    assert Cell("Table 2(c)", "VPP Launch stall", 0.00036, 0.0).reproduced()          # -100%, but 0.4 ms apart
+    assert Cell("Table 2 text", "DCPP overlap ratio", 0.05, 0.0, "%").reproduced()
+    assert not Cell("Table 2(a)", "VPP bubble", 0.39, 2.06).reproduced()
+
+
 def test_required_step_cost():
     # DCPP 110 s in 20 steps, VPP 100 s: a 10% gain needs no extra cost, 21% needs (121 - 110) / 20 = 0.55 s a step
     assert required_step_cost(110.0, 100.0, 20, 0.10) == pytest.approx(0.0)

@@ -7,7 +7,8 @@ is "fitted" for the three cells the device constants are fitted on (:mod:`vpp.be
 for cells whose model value follows from a fitted cell or from arithmetic alone (the launch-stall deltas,
 CPP's step count, Table 2(a)'s repeat of Table 1's DCPP column), and "predicted" for every other. The error of a point is relative, ``(model - paper) / |paper|``; of a
 range, the distance to the nearer end relative to it (0 inside). A cell is *reproduced* when it is
-predicted and its error is within the tolerance (10% by default).
+predicted and its error is within the tolerance (10% by default), or, for numbers near zero where a
+relative error means nothing, when it is within :data:`ABS_TOL` of the paper (10 ms, 0.1 points).
 
 The builders take simulated rows (:class:`vpp.perf.decompose.Row`, profiler view) and sweep points
 (:mod:`vpp.bench.sweep`) and return lists of cells; :func:`markdown` renders them.
@@ -21,6 +22,7 @@ from . import paper
 from .sweep import Point, at, best
 
 TOL = 0.10
+ABS_TOL = {"s": 0.01, "%": 0.1}
 FITTED = {("Table 1", "CPP computation"), ("Table 1", "CPP exposed comm."), ("Table 2(c)", "DCPP Launch stall")}
 
 
@@ -53,7 +55,10 @@ class Cell:
         return (self.model - self.paper) / abs(self.paper) if self.paper else None
 
     def reproduced(self, tol: float = TOL) -> bool:
-        return self.status == "predicted" and self.error is not None and abs(self.error) <= tol
+        if self.status != "predicted" or self.error is None:
+            return False
+        close = isinstance(self.paper, (int, float)) and abs(self.model - self.paper) <= ABS_TOL.get(self.unit, 0.0)
+        return abs(self.error) <= tol or close
 
     def to_dict(self) -> dict:
         return {"section": self.section, "row": self.row, "paper": self.paper, "model": self.model,
