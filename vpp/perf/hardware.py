@@ -10,7 +10,9 @@ An op's time is a roofline plus a launch cost::
     alltoall    :   (n-1) link_latency +   (n-1)/n * bytes / (bw * eff_link)           (pairwise)
 
 ``rate`` is ``lowp_speedup`` for low-precision GEMMs (INT8/FP8) and 1 otherwise; ``eff`` is
-``eff_attn`` for attention kernels and ``eff_matmul`` for GEMMs. Every constant of a preset carries its
+``eff_attn`` for attention kernels and ``eff_matmul`` for GEMMs. ``host_step`` is host work per engine step,
+device idle only where the runner synchronises before a step (:mod:`.deployment`); a context-parallel ring
+runs on ``link_bw`` while its devices fit one node (``node_devices``), on ``cp_link_bw`` beyond. Every constant of a preset carries its
 source in ``sources``; "fitted" ones are set by :mod:`vpp.bench.fit` (on the paper's CPP rows only).
 """
 
@@ -138,6 +140,7 @@ ASCEND_910C = Device(
         "eff_link": "fitted on the paper's CPP 512K exposed communication (vpp.bench.fit)",
         "link_latency": "assumed 10 us per collective step (HCCL small-message latency order; no datasheet)",
         "kernel_overhead": "assumed 10 us per kernel (torch_npu eager dispatch order; no datasheet)",
+        "host_step": "fitted on the paper's DCPP launch stall, Table 2(c) (vpp.bench.fit); 0 until fitted",
     })
 
 _NV = {
