@@ -222,7 +222,7 @@ def section_tune(setups):
             s = paper_setup(model, setups[model].device, pp=pp)
             base = paper_best(s, L)
             for label, chunks in (("paper budgets", CHUNKS), ("extended", ext)):
-                best = tune(s, L, chunks=chunks, max_folds=3)[0]
+                best = tune(s, L, chunks=chunks, max_folds=3, cp=False)[0]   # CP: cp_compare.py
                 body.append([model, pp, kib(L), label, f"{base.ttft:.2f}", f"{best.ttft:.2f}",
                              f"{100 * (base.ttft - best.ttft) / base.ttft:+.1f}%", best.candidate.describe()])
     lines += [md_table(["model", "PP", "length", "search", "paper best (s)", "tuned (s)", "gain", "tuned configuration"],

@@ -71,3 +71,15 @@ def test_cli_tune(capsys):
                  "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert "paper's best configuration" in out and "deepseek" in out
+
+
+def test_tune_regroups_the_devices_for_context_parallelism():
+    setup = tiny_setup(8)                                       # tp=2 x pp=2: 4 devices
+    ranked = tune(setup, 4096, chunks=(512, 1024), max_folds=1, taper_top=0)
+    cps = {(r.candidate.cp, r.candidate.pp, r.candidate.kind) for r in ranked if r.candidate.cp > 1}
+    assert cps == {(2, 1, "loop"), (4, 1, "loop"), (2, 2, "v")}   # CP2 x TP2, CP4 x TP1, V x CP2 x TP1
+    cand = next(r.candidate for r in ranked if r.candidate.cp == 4)
+    direct = run(Setup(setup.arch, setup.device, Parallel(tp=1, weight_bytes=1), 1, cp=4), "cpp", [4096], cand.chunk)
+    assert evaluate(setup, cand, 4096).ttft == pytest.approx(direct.row.total)
+    assert all(r.memory > 0 for r in ranked)
+    assert not any(r.candidate.cp > 1 for r in tune(setup, 4096, chunks=(512,), max_folds=1, taper_top=0, cp=False))

@@ -9,6 +9,7 @@ reported. Times are seconds per rank (compute + bubble + exposed communication =
 from __future__ import annotations
 
 CHUNKS = (8192, 16384, 24576, 32768)
+MODELS_ALL = ("deepseek-v3.1", "glm-5.2", "qwen3-coder-30b-a3b")
 LENGTHS = (65536, 131072, 262144, 524288, 1048576)
 
 # Table 1 (Sec. 4) and Table 2 (Sec. 6.3): DeepSeek-V3.1, 512K tokens, chunk budget 24K.
@@ -38,6 +39,33 @@ CLAIMS = {
                  "at 64K on DeepSeek/GLM smaller chunks are better",
 }
 VPP_OVER_DCPP_512K = 0.131          # "about 13.1% over DCPP" (DeepSeek, 512K)
+
+# Table 2 text: overlap ratios and the AllGather facts (Sec. 6.3).
+ALLGATHER_512K = {"calls_dcpp_over_vpp": 4.58, "latency_vpp_over_dcpp": 11.0, "overhead_increase_s": 5.27,
+                  "overhead_increase": 0.397}
+
+# Long sequences (Fig. 4 / Sec. 6.2), in the paper's metric, throughput gain (single requests: throughput =
+# tokens / TTFT, so gain = TTFT_base / TTFT - 1). A value is a point, a (lo, hi) pair a range the claim
+# spans, ("max", v) the largest gain over the lengths the paper reports for that model.
+LONG_GAINS = {
+    ("deepseek-v3.1", "dcpp", "cpp"): {65536: (0.016, 0.036), 131072: (0.016, 0.036), 262144: (0.016, 0.036),
+                                       524288: -0.044},
+    ("deepseek-v3.1", "vpp", "dcpp"): {65536: 0.026, 524288: 0.131},
+    ("deepseek-v3.1", "vpp", "cpp"): {"max": 0.100},
+    ("qwen3-coder-30b-a3b", "vpp", "dcpp"): {131072: 0.037, 524288: 0.087},
+    ("qwen3-coder-30b-a3b", "vpp", "cpp"): {"max": 0.073},
+    ("glm-5.2", "vpp", "dcpp"): {65536: 0.085},
+    ("glm-5.2", "vpp", "cpp"): {"max": 0.041},
+}
+LONG_LENGTHS = {"deepseek-v3.1": LENGTHS, "qwen3-coder-30b-a3b": LENGTHS, "glm-5.2": LENGTHS[:3]}  # no GLM 512K/1M
+
+# Fig. 3 / Sec. 6.2: mixed (500 GSM8K-derived requests, concurrency 16) and short (100 concurrent
+# requests of 4K / 8K / 16K) streams, throughput gain of VPP (all optimisations) over each baseline.
+MIXED_GAINS = {("qwen3-coder-30b-a3b", "cpp"): 0.090, ("qwen3-coder-30b-a3b", "dcpp"): 0.008,
+               ("deepseek-v3.1", "cpp"): 0.138, ("deepseek-v3.1", "dcpp"): 0.067,
+               ("glm-5.2", "cpp"): (0.013, 0.016), ("glm-5.2", "dcpp"): (0.013, 0.016)}
+SHORT_CLAIMS = {"qwen_vs_cpp_worst": -0.068, "deepseek_vs_dcpp_best": 0.108,
+                "vs_dcpp": "almost no regression (comparable on Qwen and GLM)"}
 
 # Sec. 6.4 ablation: DeepSeek 256K, 32K chunks, 3 concurrent requests.
 ABLATION_256K = {"async_gain": 0.0313, "packing_gain_total": 0.0689,

@@ -26,6 +26,8 @@ from vpp.plan import TableCost, simulate, strategies
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp import profile_planner
 
+from .partition import choose_partition
+
 log = logging.getLogger(__name__)
 
 
@@ -38,6 +40,7 @@ class BenchConfig:
     chunk_size: int = 1024
     schedules: tuple[str, ...] = ("cpp", "vpp", "vpp-async")
     folds: int = 1
+    partition: str = "rank"          # "rank": balanced per rank on the cost model (partition.py); "even"
     repeat: int = 3
     warmup: bool = True
     dtype: str = "float32"
@@ -107,10 +110,17 @@ def _simulated(plan, trace, transfer_s: float):
     return simulate(plan, cost, check=False)
 
 
-def layout_for(model, schedule: str, pp: int, folds: int = 1):
+def layout_for(model, schedule: str, pp: int, folds: int = 1, *, chunk: int | None = None,
+               seq_len: int | None = None, partition: str = "even"):
     """The layout ``schedule`` runs ``model`` on: its strategy's kind, stages as even as the model's
-    allowed stage starts permit."""
-    return model.layout(strategies.get(schedule).layout, pp, folds)
+    allowed stage starts permit, or (``partition="rank"``, given the chunk and prompt sizes) balanced
+    per rank on the cost model (:mod:`.partition`)."""
+    kind = strategies.get(schedule).layout
+    if partition == "even" or chunk is None or seq_len is None:
+        return model.layout(kind, pp, folds)
+    folds = 1 if kind == "loop" else folds
+    sizes = choose_partition(model, kind, pp, folds, chunk=chunk, seq_len=seq_len, how=partition)
+    return make_layout(kind, model.num_layers, pp, folds=folds, partition=sizes)
 
 
 def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict]:
@@ -121,7 +131,8 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     model = open_model(cfg.model, dtype=dtype, seed=cfg.seed, moe_dispatch=cfg.moe_dispatch)
     vocab = int(model.config.get("vocab_size", 512))
     prompt = torch.randint(0, vocab, (cfg.seq_len,), generator=torch.Generator().manual_seed(cfg.seed + 1))
-    layouts = {sched: layout_for(model, sched, groups.pp.size, cfg.folds) for sched in cfg.schedules}
+    layouts = {sched: layout_for(model, sched, groups.pp.size, cfg.folds, chunk=cfg.chunk_size, seq_len=cfg.seq_len,
+                                 partition=cfg.partition) for sched in cfg.schedules}
     stages = {sched: model.stages(layouts[sched], groups) for sched in cfg.schedules}
     say(groups, f"vpp prefill: {cfg.model}, tp={cfg.tp} pp={cfg.pp}, {cfg.seq_len} tokens in chunks of "
                  f"{cfg.chunk_size}; " + "; ".join(f"{s}: {layouts[s].describe()}" for s in cfg.schedules))

@@ -8,7 +8,8 @@ import os
 from vpp.cli.args import UsageError
 
 
-def open_checked(spec: str, *, tp: int, pp: int, schedules, folds: int = 1, ep: int = 1):
+def open_checked(spec: str, *, tp: int, pp: int, schedules, folds: int = 1, ep: int = 1,
+                 chunk: int | None = None, seq_len: int | None = None, partition: str = "even"):
     """The :class:`~vpp.models.registry.ModelSource` of ``spec`` once every layout the ``schedules``
     need is known to build on a (tp, pp, ep) grid; a :class:`UsageError` naming the problem
     otherwise."""
@@ -28,7 +29,7 @@ def open_checked(spec: str, *, tp: int, pp: int, schedules, folds: int = 1, ep: 
     sizes = GridSizes(tp * pp, tp=tp, pp=pp, ep=ep)
     for schedule in schedules:
         try:
-            layout = layout_for(model, schedule, pp, folds)
+            layout = layout_for(model, schedule, pp, folds, chunk=chunk, seq_len=seq_len, partition=partition)
             model.check(layout, sizes)
         except ValueError as exc:
             raise UsageError(f"{schedule} with --tp {tp} --pp {pp}"

@@ -27,6 +27,8 @@ def add_arguments(p) -> None:
     p.add_argument("--schedule", default="cpp,vpp,vpp-async",
                    help=f"comma-separated, from: {', '.join(strategies.PLANNED)}")
     p.add_argument("--folds", type=positive_int, default=1, help="folds of the V (2*folds stages per rank)")
+    p.add_argument("--partition", default="rank", choices=("rank", "even"),
+                   help="layers per stage: balanced per rank on the cost model, or even")
     p.add_argument("--repeat", type=positive_int, default=3)
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -49,7 +51,8 @@ def check(args) -> None:
         args.schedules = strategies.parse(args.schedule, strategies.PLANNED)
     except ValueError as exc:
         raise UsageError(f"--schedule: {exc}") from None
-    open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds)
+    open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
+                 chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
     if args.save_logits:
         writable_file(args.save_logits, "--save-logits")
     if args.trace:
@@ -59,7 +62,8 @@ def check(args) -> None:
 def _config(args):
     from vpp.bench.prefill import BenchConfig
     return BenchConfig(model=args.model, tp=args.tp, pp=args.pp, seq_len=args.seq_len, chunk_size=args.chunk_size,
-                       schedules=args.schedules, folds=args.folds, repeat=args.repeat, warmup=not args.no_warmup,
+                       schedules=args.schedules, folds=args.folds, partition=args.partition, repeat=args.repeat,
+                       warmup=not args.no_warmup,
                        dtype=args.dtype, seed=args.seed, moe_dispatch=args.moe_dispatch, timeout_s=args.timeout,
                        check=args.check, trace_dir=args.trace, save_logits=args.save_logits,
                        progress=None if args.no_progress else progress_bar)

@@ -1,10 +1,13 @@
-"""``vpp tune``: choose layout, folds, partition, chunk budget and chunking by simulation.
+"""``vpp tune``: choose layout, folds, partition, chunk budget, chunking and context parallelism by
+simulation.
 
-    vpp tune --model deepseek-v3.1 --device 910c --length 524288 [--tp 8] [--pp 2] [--fit-paper]
+    vpp tune --model deepseek-v3.1 --device 910c --length 524288 [--tp 8] [--pp 2] [--fit-paper] [--no-cp]
 
-Prints the best configurations by predicted TTFT and the gain over the paper's best configuration
-(VPP-Async, V with one fold, best of 8K..32K). ``--fit-paper`` first fits the device's attention and
-link efficiencies on the paper's DeepSeek CPP row (as benchmarks/paper_repro.py does).
+Prints the best configurations by predicted TTFT, with the memory per device and whether it fits, and the
+gain over the paper's best configuration (VPP-Async, V with one fold, best of 8K..32K). The tp x pp
+devices may also be regrouped for context parallelism (CP alone, or VPP-Async x CP; ``--no-cp`` turns
+that off). ``--fit-paper`` first fits the device constants on the paper's DeepSeek rows (as
+benchmarks/paper_repro.py does).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--chunks", type=int_list, default=PAPER_CHUNKS, help="comma-separated budgets")
     parser.add_argument("--max-folds", type=positive_int, default=2)
     parser.add_argument("--top", type=positive_int, default=10, help="rows to print")
-    parser.add_argument("--fit-paper", action="store_true", help="fit eff_attn/eff_link on the paper's CPP row")
+    parser.add_argument("--fit-paper", action="store_true", help="fit eff_attn/eff_link/host_step on the paper's rows")
+    parser.add_argument("--no-cp", action="store_true", help="do not regroup the devices for context parallelism")
     parser.add_argument("--json", default=None, help="also write the ranking here")
 
 
@@ -48,18 +52,23 @@ def run(args) -> int:
         device = fitted_setups(device)[0]["deepseek-v3.1"].device
     setup = paper_setup(args.model, device, tp=args.tp, pp=args.pp)
     chunks = tuple(args.chunks)
-    ranked = tune(setup, args.length, chunks=chunks, max_folds=args.max_folds)
+    ranked = tune(setup, args.length, chunks=chunks, max_folds=args.max_folds, cp=not args.no_cp)
     base = paper_best(setup, args.length, chunks)
     print(f"{args.model} on {device.name}, tp={args.tp} pp={args.pp}, {args.length} tokens: "
           f"{len(ranked)} configurations simulated")
-    print(f"{'rank':>4} {'TTFT s':>10} {'vs paper':>9} {'bubble':>7} {'chunks':>6}  configuration")
+    print(f"{'rank':>4} {'TTFT s':>10} {'vs paper':>9} {'bubble':>7} {'chunks':>6} {'GB/dev':>7}  configuration")
     for i, r in enumerate(ranked[: args.top]):
         gain = 100.0 * (base.ttft - r.ttft) / base.ttft
-        print(f"{i + 1:>4} {r.ttft:>10.3f} {gain:>+8.2f}% {100 * r.bubble_ratio:>6.1f}% {r.chunks:>6}  {r.candidate.describe()}")
+        mem = f"{r.memory / 1e9:.1f}" + ("" if r.fits else "!")
+        print(f"{i + 1:>4} {r.ttft:>10.3f} {gain:>+8.2f}% {100 * r.bubble_ratio:>6.1f}% {r.chunks:>6} {mem:>7}  "
+              f"{r.candidate.describe()}")
+    if any(not r.fits for r in ranked[: args.top]):
+        print(f"!: exceeds the device's {device.mem_bytes / 1e9:.0f} GB")
     print(f"paper's best configuration: {base.ttft:.3f} s ({base.candidate.describe()})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"paper_best": {"ttft": base.ttft, "config": base.candidate.describe()},
                        "ranked": [{"ttft": r.ttft, "bubble_ratio": r.bubble_ratio, "chunks": r.chunks,
+                                   "memory_gb": r.memory / 1e9, "fits": r.fits, "cp": r.candidate.cp,
                                    "config": r.candidate.describe()} for r in ranked]}, f, indent=1)
     return 0

@@ -72,6 +72,14 @@ class Arch:
         return self.kv_lora + self.rope + extra
 
     @classmethod
+    def dense_gqa(cls, name: str, *, hidden: int, layers: int, vocab: int, heads: int, kv_heads: int,
+                  ffn: int, head_dim: int | None = None) -> "Arch":
+        """A dense decoder (Llama-style): GQA attention and a SwiGLU FFN of width ``ffn`` in every layer.
+        Built here rather than through the HF reader, which knows only the paper's MoE families."""
+        return cls(name=name, attention="gqa", hidden=hidden, layers=layers, vocab=vocab, heads=heads,
+                   kv_heads=kv_heads, head_dim=head_dim or hidden // heads, ffn=ffn)
+
+    @classmethod
     def from_config(cls, config: dict, name: str | None = None) -> "Arch":
         """The cost model's view of a Hugging Face config, read through :func:`vpp.config.model_config`
         (the same reader the models use, so dense/MoE layers, indexer layers and widths agree)."""

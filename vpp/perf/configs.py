@@ -15,6 +15,9 @@ scaling details beyond what a cost model needs). Sources:
 * ``QWEN3_CODER_30B_A3B`` -- Qwen/Qwen3-Coder-30B-A3B-Instruct ``config.json`` (model_type qwen3_moe):
   48 layers, hidden 2048, GQA 32 query / 4 KV heads of 128, 128 experts top-8, moe_intermediate 768,
   vocab 151936. 30.5B total / 3.3B active.
+* ``LLAMA3_405B`` -- meta-llama/Llama-3.1-405B ``config.json`` (model_type llama, which the HF reader does
+  not support, so it is an :class:`~.arch.Arch` directly): dense, 126 layers, hidden 16384, GQA 128
+  query / 8 KV heads of 128, SwiGLU FFN 53248, vocab 128256. The context-parallelism anchor's model.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+
+from .arch import Arch
 
 DEEPSEEK_V3_1: dict = {
     "architectures": ["DeepseekV3ForCausalLM"],
@@ -115,6 +120,10 @@ QWEN3_CODER_30B_A3B: dict = {
     "torch_dtype": "bfloat16",
 }
 
+LLAMA3_405B = Arch.dense_gqa("llama3-405b", hidden=16384, layers=126, vocab=128256, heads=128, kv_heads=8,
+                              ffn=53248)
+ARCHS: dict[str, Arch] = {"llama3-405b": LLAMA3_405B}
+
 CONFIGS: dict[str, dict] = {
     "deepseek-v3.1": DEEPSEEK_V3_1,
     "glm-5.2": GLM_5_2,
@@ -128,6 +137,15 @@ def canonical_name(name: str) -> str:
     """The registry key of a model name or alias (unchanged if it is neither, e.g. a path)."""
     key = ALIASES.get(name.lower(), name.lower())
     return key if key in CONFIGS else name
+
+
+def get_arch(name: str) -> Arch:
+    """The cost model's view of a named model: a paper model read through the HF reader, or one of
+    :data:`ARCHS` (dense models the reader does not cover), or a config.json path."""
+    key = name.lower()
+    if key in ARCHS:
+        return ARCHS[key]
+    return Arch.from_config(get_config(name), name=canonical_name(name))
 
 
 def get_config(name: str) -> dict:

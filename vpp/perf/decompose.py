@@ -1,22 +1,32 @@
-"""The paper's Table 2 decomposition of a simulated run.
+"""The paper's Table 2 decomposition of a simulated run, as a device profiler would book it.
 
-The simulator counts a stage's TP collectives as part of its compute span (they run inside the stage).
-The paper's profiler counts every communication kernel as communication. So, per rank::
+The view of waiting, chosen before comparing with the paper and why. The paper's Tables 1 and 2 are
+device-profiler categories (Ascend profiler: Computing, Communication not overlapped, Free, and the
+overlap ratio = overlapped / all communication time). A profiler sees device tasks, not host intent:
+a communication task occupies the device from the moment it is issued until its data has landed, and
+time with no task at all is Free. So the model books waiting by *when each plan issues its receive*:
 
-    computation   = sum over the rank's compute actions of the non-communication categories
-    exposed comm. = the simulator's exposed PP communication + the rank's TP collectives (never overlapped)
-    bubble        = the simulator's bubble
+* blocking plans (CPP, DCPP, vanilla VPP): vLLM's PP hand-over (``send_tensor_dict`` /
+  ``recv_tensor_dict``) first exchanges metadata on the CPU group, so a receive reaches the device only
+  once the sender has arrived: waiting before that is Free (bubble); the transfer itself is
+  communication, exposed (no compute runs beside a blocking exchange);
+* async plans (VPP-Async, packing) post ``irecv`` / ``isend`` ahead: the receive task runs from its
+  post to its data's arrival, so waiting inside it is communication, and the part of it during which
+  the rank computes is overlapped (not exposed);
+* a stage's TP collectives run on the compute stream between its kernels: communication, never
+  overlapped.
 
-and computation + bubble + exposed comm. = makespan, as in the paper. Category totals (attention, the
-MLA prefix rebuild, GEMMs, launches, ...) come with it, averaged over ranks.
+``view="profiler"`` (the default) is that rule; ``view="simulator"`` is the simulator's own (every wait
+for a peer's unfinished work is bubble, only wire time counts as communication), for comparison. Both
+give the same totals; they move time between bubble and exposed communication and set the overlap
+ratio. Per rank::
 
-Two views of waiting. The simulator (``view="simulator"``) counts time a rank waits for a peer that has
-not yet produced the data as bubble, whatever the plan. A device profiler sees something else when the
-receive was posted ahead as a non-blocking operation (``plan.comm == "async"``, VPP-Async): the
-receive/all-gather kernel already sits on the stream and its duration includes the wait, so the wait
-shows up as communication, not as idle device time. ``view="profiler"`` (the default, and what the
-paper's numbers are) counts every blocked span of an async plan as exposed communication; blocking
-plans (CPP, DCPP, vanilla VPP: the host blocks in recv, the device is idle) are the same in both views.
+    computation   = the rank's compute categories, less communication (tp_comm, cp_comm) and launch stalls
+    exposed comm. = PP communication outside compute spans + the rank's TP / CP collectives
+    bubble        = makespan - computation - exposed comm.   (Free + Launch stall)
+
+Category totals (attention, the MLA prefix rebuild, GEMMs, launches, ...) come with the row, averaged
+over ranks; ``launch_stall`` is the part of the bubble the profiler calls "Launch stall".
 """
 
 from __future__ import annotations
@@ -26,6 +36,10 @@ from dataclasses import dataclass, field
 
 from vpp.plan import summarize
 from vpp.plan.ir import COMPUTE
+
+COMM_CATEGORIES = ("tp_comm", "cp_comm")
+STALL = "launch_stall"
+VIEWS = ("profiler", "simulator")
 
 
 @dataclass
@@ -39,15 +53,26 @@ class Row:
     categories: dict = field(default_factory=dict)
     overlap_ratio: float = 0.0
     bubble_ratio: float = 0.0
+    comm_total: float = 0.0
 
     @property
     def total(self) -> float:
         return self.makespan
 
+    @property
+    def launch_stall(self) -> float:
+        return self.categories.get(STALL, 0.0)
+
+    @property
+    def free(self) -> float:
+        """The bubble less launch stalls: device idle with nothing issued (Table 2(c) "Free")."""
+        return self.bubble - self.launch_stall
+
     def to_dict(self) -> dict:
         return {"name": self.name, "total": self.makespan, "compute": self.compute, "bubble": self.bubble,
                 "exposed_comm": self.exposed_comm, "chunks": self.chunks, "categories": self.categories,
-                "overlap_ratio": self.overlap_ratio, "bubble_ratio": self.bubble_ratio}
+                "overlap_ratio": self.overlap_ratio, "bubble_ratio": self.bubble_ratio,
+                "comm_total": self.comm_total, "free": self.free, "launch_stall": self.launch_stall}
 
 
 def rank_categories(plan, cost) -> list[dict]:
@@ -66,30 +91,80 @@ def rank_categories(plan, cost) -> list[dict]:
     return out
 
 
-def _pp_exposed(plan, trace, s, view: str) -> float:
-    if view == "simulator" or plan.comm != "async":
-        return s.exposed_comm
-    return sum(sp.duration for sp in trace.spans if sp.kind in ("send", "recv"))
+def _union(intervals) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(i for i in intervals if i[1] > i[0]):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _intersection(xs, ys) -> float:
+    """Total length of the overlap of two sorted lists of disjoint intervals."""
+    i = j = 0
+    total = 0.0
+    while i < len(xs) and j < len(ys):
+        lo, hi = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        total += max(0.0, hi - lo)
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def pp_comm_intervals(plan, trace, rank: int, view: str) -> list[tuple[float, float]]:
+    """The rank's PP communication as the view sees it (see the module docstring): each transfer's
+    wire time, from its post where an async plan posted it ahead (profiler view)."""
+    posts: dict = {}
+    if view == "profiler" and plan.comm == "async":
+        for s in trace.spans:
+            if s.rank == rank and s.kind in ("send", "recv") and s.stage is not None:
+                posts[s.key] = min(posts.get(s.key, s.start), s.start)
+    out = []
+    for s in trace.spans:
+        if s.rank == rank and s.kind == "transfer":
+            out.append((min(posts.get(s.key, s.start), s.start), s.end))
+    return _union(out)
 
 
 def decompose(name: str, plan, trace, cost, *, view: str = "profiler") -> Row:
     """The paper-style row (per-rank means) of a simulated ``plan``/``trace`` under ``cost``."""
-    if view not in ("profiler", "simulator"):
-        raise ValueError(f"view={view!r}; expected 'profiler' or 'simulator'")
+    if view not in VIEWS:
+        raise ValueError(f"view={view!r}; expected one of {VIEWS}")
     s = summarize(trace)
     cats = rank_categories(plan, cost)
     n = plan.num_ranks
-    tp = [c.get("tp_comm", 0.0) for c in cats]
-    compute = sum(sum(v for k, v in c.items() if k != "tp_comm") for c in cats) / n
-    pp_exposed = _pp_exposed(plan, trace, s, view)
-    exposed = (pp_exposed + sum(tp)) / n
+    compute = exposed = overlapped = comm_total = 0.0
+    for r in range(n):
+        c = cats[r]
+        coll = sum(c.get(k, 0.0) for k in COMM_CATEGORIES)
+        compute += sum(v for k, v in c.items() if k not in COMM_CATEGORIES and k != STALL)
+        busy = _union((sp.start, sp.end) for sp in trace.spans if sp.rank == r and sp.kind == "compute")
+        if view == "profiler":
+            pp = pp_comm_intervals(plan, trace, r, view)
+            hidden = _intersection(pp, busy)
+            exposed += _length(pp) - hidden + coll
+            overlapped += hidden
+            comm_total += _length(pp) + coll
+        else:
+            exposed += s.exposed_per_rank[r] + coll
+            wire = sum(sp.duration for sp in trace.spans if sp.rank == r and sp.kind == "transfer")
+            comm_total += wire + coll
+            overlapped += max(0.0, wire - s.exposed_per_rank[r])
+    compute, exposed = compute / n, exposed / n
     bubble = max(0.0, s.makespan - compute - exposed)
     mean_cats: dict = defaultdict(float)
     for c in cats:
         for k, v in c.items():
             mean_cats[k] += v / n
-    comm_total = s.comm + sum(tp)
-    overlap = 1.0 - min(pp_exposed + sum(tp), comm_total) / comm_total if comm_total > 0 else 0.0
+    overlap = overlapped / comm_total if comm_total > 0 else 0.0
     chunks = sum(q.num_chunks for q in plan.requests)
-    return Row(name, s.makespan, compute, bubble, exposed, chunks, dict(mean_cats),
-               overlap_ratio=max(0.0, overlap), bubble_ratio=bubble / s.makespan if s.makespan else 0.0)
+    return Row(name, s.makespan, compute, bubble, exposed, chunks, dict(mean_cats), overlap_ratio=overlap,
+               bubble_ratio=bubble / s.makespan if s.makespan else 0.0, comm_total=comm_total / n)

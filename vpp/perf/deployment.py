@@ -5,7 +5,9 @@
 * ``compute(stage, tokens, prefix)`` -- every op of the stage's layers (``layout.stage_layers``) for a
   chunk of ``tokens`` after ``prefix`` cached tokens, on one rank of the stage's TP group, including the
   TP collectives inside the stage; the embedding on stage 0, the final norm and last-token logits on the
-  last stage; plus ``device.step_overhead`` per call;
+  last stage; plus ``device.step_overhead`` per call; plus, with ``sync_steps`` (a runner that
+  synchronises the device before every step, as vLLM-Ascend's DCPP does while it times steps for its
+  online calibration), ``device.host_step`` of device idle per call, booked as ``launch_stall``;
 * ``transfer(tokens)`` -- one PP hand-over: each of the ``tp`` ranks sends its 1/tp slice of the
   activation (``pp_tensors`` tensors of width hidden) and the receiving group all-gathers it (vLLM's
   ``send_tensor_dict(..., all_gather_group=tp_group)``);
@@ -28,10 +30,11 @@ from .ops import Parallel, embed_ops, head_ops, layer_ops, pp_message_bytes
 
 class DeploymentCost:
     def __init__(self, arch: Arch, device: Device, layout, par: Parallel | None = None, *,
-                 overlap: float | None = None):
+                 overlap: float | None = None, sync_steps: bool = False):
         if layout.num_layers != arch.layers:
             raise ValueError(f"layout has {layout.num_layers} layers but {arch.name} has {arch.layers}")
         self.arch, self.device, self.layout = arch, device, layout
+        self.sync_steps = bool(sync_steps)
         self.par = par or Parallel()
         self.overlap = device.pp_overlap if overlap is None else float(overlap)
         if not 0.0 <= self.overlap <= 1.0:
@@ -85,21 +88,29 @@ class DeploymentCost:
         for kind, n in self._counts[stage].items():
             for k, v in self._layer(kind, tokens, prefix).items():
                 out[k] += n * v
+        local = self.local_tokens(tokens)
         if stage == 0:
-            for k, v in self._ops_breakdown(embed_ops(self.arch, tokens, self.par)).items():
+            for k, v in self._ops_breakdown(embed_ops(self.arch, local, self.par)).items():
                 out[k] += v
         if stage == self.layout.last_stage:
-            for k, v in self._ops_breakdown(head_ops(self.arch, tokens, self.par)).items():
+            for k, v in self._ops_breakdown(head_ops(self.arch, local, self.par)).items():
                 out[k] += v
         if self.device.step_overhead:
             out["step"] += self.device.step_overhead
+        if self.sync_steps and self.device.host_step:
+            out["launch_stall"] += self.device.host_step
         return dict(out)
 
     def compute(self, stage: int, tokens: int, prefix: int) -> float:
         return sum(self.breakdown(stage, tokens, prefix).values())
 
+    def local_tokens(self, tokens: int) -> int:
+        """Tokens of a chunk that one device of the stage holds (all of them; context parallelism
+        shards them, :class:`vpp.perf.cp.ContextParallelCost`)."""
+        return int(tokens)
+
     def transfer(self, tokens: int) -> float:
-        msg = pp_message_bytes(self.arch, int(tokens), self.par)
+        msg = pp_message_bytes(self.arch, self.local_tokens(tokens), self.par)
         tp = self.par.tp
         if tp == 1:
             return self.device.pp_p2p(msg)

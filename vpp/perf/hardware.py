@@ -7,9 +7,12 @@ An op's time is a roofline plus a launch cost::
     allreduce   : 2 (n-1) link_latency + 2 (n-1)/n * bytes / (link_bw * eff_link)      (ring)
     allgather   :   (n-1) link_latency +   (n-1)/n * bytes / (link_bw * eff_link)
     p2p         :         link_latency +             bytes / (link_bw * eff_link)
+    alltoall    :   (n-1) link_latency +   (n-1)/n * bytes / (bw * eff_link)           (pairwise)
 
 ``rate`` is ``lowp_speedup`` for low-precision GEMMs (INT8/FP8) and 1 otherwise; ``eff`` is
-``eff_attn`` for attention kernels and ``eff_matmul`` for GEMMs. Every constant of a preset carries its
+``eff_attn`` for attention kernels and ``eff_matmul`` for GEMMs. ``host_step`` is host work per engine step,
+device idle only where the runner synchronises before a step (:mod:`.deployment`); a context-parallel ring
+runs on ``link_bw`` while its devices fit one node (``node_devices``), on ``cp_link_bw`` beyond. Every constant of a preset carries its
 source in ``sources``; "fitted" ones are set by :mod:`vpp.bench.fit` (on the paper's CPP rows only).
 """
 
@@ -37,9 +40,14 @@ class Device:
     link_latency: float = 10e-6    # per collective step / per p2p message
     kernel_overhead: float = 10e-6  # per kernel launch
     step_overhead: float = 0.0     # per forward step (one stage on one chunk): host scheduling
+    host_step: float = 0.0         # host work before a step's first kernel (scheduling, input and attention
+                                   # metadata); device idle ("launch stall") only where the runner syncs the
+                                   # device before the step (DCPP's online timing), hidden otherwise
     pp_overlap: float = 1.0        # share of an async PP transfer that hides behind compute
     pp_link_bw: float | None = None  # per-device bytes/s between pipeline stages (None: link_bw)
     eff_irregular: float | None = None  # share of mem_bw reached by top-k selection (None: eff_mem)
+    cp_link_bw: float | None = None  # per-device bytes/s around a context-parallel ring (None: pp_link_bw or link_bw)
+    node_devices: int | None = None  # devices sharing the fast link (link_bw); None: every device does
     sources: dict = field(default_factory=dict, compare=False)
 
     def replace(self, **changes) -> "Device":
@@ -79,6 +87,28 @@ class Device:
         """A send between pipeline stages (a different link when stages sit on different nodes)."""
         return self.link_latency + nbytes / ((self.pp_link_bw or self.link_bw) * self.eff_link)
 
+    def cp_p2p(self, nbytes: float, bw: float | None = None) -> float:
+        """One ring step's send between context-parallel ranks (a KV or query block), over ``bw``
+        (default: the network, ``cp_bw``)."""
+        return self.link_latency + nbytes / ((bw or self.cp_bw) * self.eff_link)
+
+    def ring_bw(self, group_devices: int) -> float:
+        """Bandwidth of a ring whose groups span ``group_devices`` devices (tp x cp): the fast link
+        inside a node, the network (``cp_bw``) once the group crosses nodes."""
+        if self.node_devices is None or group_devices <= self.node_devices:
+            return self.link_bw
+        return self.cp_bw
+
+    def alltoall(self, nbytes: float, n: int, bw: float | None = None) -> float:
+        """Each of ``n`` devices exchanges ``nbytes`` in all with the other ``n - 1`` (pairwise steps)."""
+        if n <= 1:
+            return 0.0
+        return (n - 1) * self.link_latency + (n - 1) / n * nbytes / ((bw or self.link_bw) * self.eff_link)
+
+    @property
+    def cp_bw(self) -> float:
+        return self.cp_link_bw or self.pp_link_bw or self.link_bw
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -110,6 +140,7 @@ ASCEND_910C = Device(
         "eff_link": "fitted on the paper's CPP 512K exposed communication (vpp.bench.fit)",
         "link_latency": "assumed 10 us per collective step (HCCL small-message latency order; no datasheet)",
         "kernel_overhead": "assumed 10 us per kernel (torch_npu eager dispatch order; no datasheet)",
+        "host_step": "fitted on the paper's DCPP launch stall, Table 2(c) (vpp.bench.fit); 0 until fitted",
     })
 
 _NV = {
@@ -123,12 +154,14 @@ _NV = {
     "kernel_overhead": "assumed 4 us per CUDA kernel launch (eager)",
     "pp_link_bw": "16 GPUs = 2 x 8-GPU nodes: PP crosses nodes over one 400 Gb/s ConnectX-7 NIC per GPU "
                   "(DGX H100/H200 datasheet) = 50 GB/s",
+    "cp_link_bw": "a context-parallel ring across nodes uses the same 400 Gb/s NIC per GPU (None: pp_link_bw)",
+    "node_devices": "8 GPUs per NVLink domain (DGX / HGX H100 and H200 datasheets)",
 }
 
 H100 = Device(
     name="h100-sxm", peak_flops=989e12, mem_bw=3.35e12, mem_bytes=80e9, link_bw=450e9, lowp_speedup=2.0,
     eff_matmul=0.7, eff_attn=0.6, eff_mem=0.8, eff_link=0.8, link_latency=5e-6, kernel_overhead=4e-6,
-    pp_link_bw=50e9, sources={**_NV, "mem_bw": "H100 SXM datasheet: 3.35 TB/s HBM3", "mem_bytes": "80 GB HBM3 (datasheet)"})
+    pp_link_bw=50e9, node_devices=8, sources={**_NV, "mem_bw": "H100 SXM datasheet: 3.35 TB/s HBM3", "mem_bytes": "80 GB HBM3 (datasheet)"})
 
 H200 = H100.replace(name="h200-sxm", mem_bw=4.8e12, mem_bytes=141e9,
                     sources={**_NV, "mem_bw": "H200 SXM datasheet: 4.8 TB/s HBM3e",

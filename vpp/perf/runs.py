@@ -5,20 +5,29 @@ planner profiled on the cost model, blocking), ``vpp`` (fold-back V, blocking, A
 ``vpp-async`` (V, reordered, non-blocking) and ``vpp-packed`` (VPP-Async with the dual-queue
 cross-request packing of :func:`vpp.schedules.build_vpp_packed`, planned with the same cost model). ``layout`` / ``folds`` /
 ``partition`` override the strategy's layout (e.g. an interleaved layout run with the VPP builders).
+
+DCPP runs as vLLM-Ascend's recommended settings do: ``need_timing`` on (its default, the "online
+calibration"), so the planner re-fits its history model from each step's measured time
+(``dcpp_online``) and the model runner synchronises the device before every timed step
+(``vllm_ascend/worker/model_runner_v1.py``: ``if need_timing: self._sync_device()``), which exposes the
+host's per-step work as device idle (``Device.host_step``, booked as launch stall). ``cp`` > 1 spreads
+every stage over that many ring-attention ranks (:class:`.cp.ContextParallelCost`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import vpp.plan as sch
-from vpp.plan.dcpp import DcppPlanner, dcpp_requests, profiled_stages, stage_measure
+from vpp.plan.dcpp import DcppPlanner, profiled_stages, stage_measure
 
 from .arch import Arch
+from .cp import ContextParallelCost
 from .deployment import DeploymentCost
 from .decompose import Row, decompose
 from .hardware import Device
-from .ops import Parallel
+from .ops import Parallel, embed_ops, head_ops
 
 STRATEGIES = sch.strategies.PLANNED
 
@@ -32,13 +41,39 @@ class Setup:
     par: Parallel = field(default_factory=Parallel)
     pp: int = 2
     dcpp_variant: str = "vllm-ascend"
-    dcpp_online: bool = False    # vLLM-Ascend's online re-fit from each chunk's (simulated) time
+    dcpp_online: bool = True     # vLLM-Ascend's need_timing (default on): online re-fit and a device sync per step
+    cp: int = 1                  # context-parallel ranks per stage (each a TP group of par.tp devices)
+
+    @property
+    def devices(self) -> int:
+        return self.par.tp * self.cp * self.pp
 
     def layout(self, kind: str, folds: int = 1, partition=None):
         return sch.make_layout(kind, self.arch.layers, self.pp, folds=folds, partition=partition)
 
-    def cost(self, layout) -> DeploymentCost:
-        return DeploymentCost(self.arch, self.device, layout, self.par)
+    def cost(self, layout, strategy: str | None = None) -> DeploymentCost:
+        """The cost model of this deployment on ``layout``; a DCPP ``strategy`` with online timing
+        synchronises the device before every step (see the module docstring)."""
+        sync = bool(strategy) and self.dcpp_online and sch.strategies.get(strategy).chunking == "dcpp" \
+            and self.dcpp_variant == "vllm-ascend"
+        if self.cp > 1:
+            return ContextParallelCost(self.arch, self.device, layout, self.par, cp=self.cp, sync_steps=sync)
+        return DeploymentCost(self.arch, self.device, layout, self.par, sync_steps=sync)
+
+    def balanced_layout(self, kind: str, chunk: int, prefix: int, folds: int = 1):
+        """A ``kind`` layout balanced per rank (:func:`vpp.plan.balance_ranks`) on this deployment's
+        per-layer times for a ``chunk``-token chunk after ``prefix`` cached tokens, with the embedding and
+        the head costed on the stages that hold them."""
+        cost = self.cost(self.layout(kind, folds))
+        costs = [cost.layer_time(i, chunk, prefix) for i in range(self.arch.layers)]
+        local = cost.local_tokens(chunk)
+        embed = sum(self.device.op_time(op) for op in embed_ops(self.arch, local, cost.par))
+        head = sum(self.device.op_time(op) for op in head_ops(self.arch, local, cost.par))
+        return sch.make_layout(kind, self.arch.layers, self.pp, folds=folds, layer_costs=costs, embed_cost=embed,
+                               head_cost=head, per_rank=True)
+
+    def replace(self, **changes) -> "Setup":
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass
@@ -52,22 +87,30 @@ class Run:
 
 def requests_for(setup: Setup, strategy: str, lengths, chunk: int, cost: DeploymentCost, layout) -> list:
     if sch.strategies.get(strategy).chunking == "dcpp":
-        stages = profiled_stages(layout, setup.dcpp_variant)
-        planner = DcppPlanner(setup.dcpp_variant, budget=chunk)
-        planner.profile(stage_measure(cost, stages))
-        if not setup.dcpp_online:
-            return dcpp_requests(lengths, planner)
-        out = []
-        for i, n in enumerate(lengths):           # plan chunk by chunk, observing each one's time
-            done, sizes = 0, []
-            while done < n:
-                c = planner.next_chunk(done, n - done)
-                planner.observe(c, done, sum(cost.compute(s, c, done) for s in stages))
-                sizes.append(c)
-                done += c
-            out.append(sch.Request(i, tuple(sizes)))
-        return out
+        return dcpp_chunking(setup, lengths, chunk, cost, layout)
     return sch.chunk_requests(lengths, chunk)
+
+
+def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None) -> list:
+    """Requests cut by the DCPP planner of ``setup`` (profiled on ``cost``); with ``dcpp_online`` the
+    planner observes each chunk's time as it goes (one planner for the whole stream, as one engine
+    keeps one), re-fitting its history model over the first observations."""
+    stages = profiled_stages(layout, setup.dcpp_variant)
+    planner = DcppPlanner(setup.dcpp_variant, budget=chunk)
+    planner.profile(stage_measure(cost, stages))
+    arrivals = [0.0] * len(lengths) if arrivals is None else list(arrivals)
+    if not setup.dcpp_online:
+        return [sch.Request(i, tuple(planner.chunk_sizes(n)), a) for i, (n, a) in enumerate(zip(lengths, arrivals))]
+    out = []
+    for i, n in enumerate(lengths):           # plan chunk by chunk, observing each one's time
+        done, sizes = 0, []
+        while done < n:
+            c = planner.next_chunk(done, n - done)
+            planner.observe(c, done, sum(cost.compute(s, c, done) for s in stages))
+            sizes.append(c)
+            done += c
+        out.append(sch.Request(i, tuple(sizes), arrivals[i]))
+    return out
 
 
 def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = None, folds: int = 1,
@@ -78,7 +121,7 @@ def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = 
     if kind is None:
         kind = spec.layout
     layout = setup.layout(kind, folds if kind != "loop" else 1, partition)
-    cost = setup.cost(layout)
+    cost = setup.cost(layout, strategy)
     reqs = requests if requests is not None else requests_for(setup, strategy, lengths, chunk, cost, layout)
     if spec.layout == "loop" and kind != "loop":  # CPP's blocking order on another layout: VPP's builder
         plan = sch.build_vpp(layout, reqs)

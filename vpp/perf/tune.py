@@ -1,28 +1,37 @@
-"""Auto-tuner: pick layout, folds, partition, chunk budget, chunking and communication by simulation.
+"""Auto-tuner: pick layout, folds, partition, chunk budget, chunking, communication and context
+parallelism by simulation.
 
-Search, for one deployment (model, device, tp, pp) and a prompt length:
+Search, for one deployment (model, device, tp x pp devices) and a prompt length:
 
 1. every layout kind (loop = CPP, fold-back V, Megatron interleaved) x folds (1..max_folds, 1 for loop)
-   x partition (even; or cost-balanced by the stage partitioner, :func:`vpp.schedules.balance`, on
-   per-layer times at the middle of the prompt) x chunk budget x communication (blocking / async; a loop
-   runs CPP blocking and DCPP as its extra chunking), with fixed chunks;
-2. the best few of those again with the head/tail taper chunk planner (:mod:`.taper`).
+   x partition (even; or balanced per rank on per-layer times at the middle of the prompt, embedding
+   and head costed, :func:`vpp.plan.balance_ranks`) x chunk budget x communication (blocking / async; a
+   loop runs CPP blocking and DCPP as its extra chunking), with fixed chunks;
+2. context parallelism on the same devices (``cp=True``): CP alone (one stage on cp ranks of tp x pp / cp
+   devices each, chunks one after another) for every cp dividing the devices, and VPP-Async x CP (the
+   V on pp ranks, each a CP group: tp / cp devices per CP rank), budgets scaled by cp
+   (:class:`.cp.ContextParallelCost`; not for DSA);
+3. the best few fixed-chunk pipelines again with the head/tail taper chunk planner (:mod:`.taper`).
 
-The result is ranked by predicted TTFT and compared with the paper's best configuration: VPP-Async on
-the V with one fold, even partition, the best of the paper's four budgets, fixed chunks.
+The result is ranked by predicted TTFT, with the memory per device (weights, KV cache, peak activations)
+and whether it fits, and compared with the paper's best configuration: VPP-Async on the V with one fold,
+even partition, the best of the paper's four budgets, fixed chunks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import dataclasses
+
 import vpp.plan as sch
 from vpp.plan.ir import Request
 
-from .runs import Setup, requests_for
-from .taper import best_taper
+from .cp import ContextParallelCost, cp_rank_memory
 from .decompose import decompose
 from .memory import rank_memory
+from .runs import Setup, requests_for
+from .taper import best_taper
 
 PAPER_CHUNKS = (8192, 16384, 24576, 32768)
 
@@ -36,10 +45,13 @@ class Candidate:
     comm: str
     chunking: str = "fixed"
     sizes: tuple = field(default=(), compare=False)
+    cp: int = 1                      # context-parallel ranks per stage
+    pp: int | None = None            # pipeline ranks (None: the setup's)
 
     def describe(self) -> str:
         lay = "loop" if self.kind == "loop" else f"{self.kind} f={self.folds}"
-        return f"{lay}, {self.partition} partition, budget {self.chunk}, {self.chunking} chunks, {self.comm}"
+        cp = f"CP{self.cp} x PP{self.pp}, " if self.cp > 1 else ""
+        return f"{cp}{lay}, {self.partition} partition, budget {self.chunk}, {self.chunking} chunks, {self.comm}"
 
 
 @dataclass
@@ -51,7 +63,7 @@ class Result:
     ttft: float
     bubble_ratio: float
     chunks: int
-    memory: float = 0.0
+    memory: float = 0.0              # bytes on the heaviest device
     fits: bool = True
     breakdown: dict = field(default_factory=dict)
 
@@ -60,19 +72,25 @@ class NothingFits(ValueError):
     """No configuration of a tuning run fits in device memory; the message gives the figures."""
 
 
+def candidate_setup(setup: Setup, cand: Candidate) -> Setup:
+    """The deployment a candidate runs on: the setup's devices regrouped as pp x cp x tp."""
+    if cand.cp == 1 and cand.pp in (None, setup.pp):
+        return setup
+    pp = cand.pp or setup.pp
+    tp = setup.devices // (pp * cand.cp)
+    return setup.replace(pp=pp, cp=cand.cp, par=dataclasses.replace(setup.par, tp=tp, ep=None))
+
+
 def _layout(setup: Setup, cand: Candidate, length: int):
-    layout = setup.layout(cand.kind, cand.folds)
     if cand.partition == "balanced":
-        cost = setup.cost(layout)
-        costs = [cost.layer_time(i, cand.chunk, length // 2) for i in range(setup.arch.layers)]
-        layout = sch.make_layout(cand.kind, setup.arch.layers, setup.pp, folds=cand.folds, layer_costs=costs,
-                                 embed_cost=costs[0] * 0.01, head_cost=costs[-1] * 0.01)
-    return layout
+        return setup.balanced_layout(cand.kind, cand.chunk, length // 2, cand.folds)
+    return setup.layout(cand.kind, cand.folds)
 
 
 def evaluate(setup: Setup, cand: Candidate, length: int, sizes=None) -> Result:
+    setup = candidate_setup(setup, cand)
     layout = _layout(setup, cand, length)
-    cost = setup.cost(layout)
+    cost = setup.cost(layout, "dcpp" if cand.chunking == "dcpp" else None)
     if sizes is not None:
         reqs = [Request(0, tuple(sizes))]
     elif cand.chunking == "dcpp":
@@ -87,15 +105,30 @@ def evaluate(setup: Setup, cand: Candidate, length: int, sizes=None) -> Result:
         plan = sch.build_vpp(layout, reqs)
     trace = sch.simulate(plan, cost, check=False)
     row = decompose(cand.describe(), plan, trace, cost, view="simulator")
-    worst = max(rank_memory(plan, trace, cost), key=lambda m: m.total)
+    mems = cp_rank_memory(plan, trace, cost) if isinstance(cost, ContextParallelCost) else rank_memory(plan, trace, cost)
+    worst = max(mems, key=lambda m: m.total)
     breakdown = {"weights": worst.weights, "kv_cache": worst.kv_cache, "activations": worst.activations}
     return Result(cand, row.total, row.bubble_ratio, row.chunks, worst.total, worst.total <= setup.device.mem_bytes,
                   breakdown)
 
 
+def cp_candidates(setup: Setup, chunks=PAPER_CHUNKS) -> list[Candidate]:
+    """CP alone and VPP-Async x CP on the setup's devices (see the module docstring)."""
+    if setup.arch.attention == "dsa":
+        return []
+    out, n = [], setup.devices
+    for cp in (2, 4, 8, 16, 32):
+        tp = n // cp
+        if n % cp == 0 and 1 <= tp <= 8 and setup.arch.heads % tp == 0:
+            out += [Candidate("loop", 1, "even", c * cp, "blocking", cp=cp, pp=1) for c in chunks]
+        if setup.pp > 1 and setup.par.tp % cp == 0 and setup.arch.heads % (setup.par.tp // cp) == 0:
+            out += [Candidate("v", 1, "even", c * cp, "async", cp=cp, pp=setup.pp) for c in chunks]
+    return out
+
+
 def candidates(setup: Setup, chunks=PAPER_CHUNKS, max_folds: int = 2, kinds=("loop", "v", "interleaved"),
-               partitions=("even", "balanced")) -> list[Candidate]:
-    out = []
+               partitions=("even", "balanced"), cp: bool = True) -> list[Candidate]:
+    out = cp_candidates(setup, chunks) if cp else []
     for kind in kinds:
         folds = [1] if kind == "loop" else range(1, max_folds + 1)
         for f in folds:
@@ -117,10 +150,15 @@ def paper_best(setup: Setup, length: int, chunks=PAPER_CHUNKS) -> Result:
 
 
 def tune(setup: Setup, length: int, *, chunks=PAPER_CHUNKS, max_folds: int = 2, taper_top: int = 3,
-         kinds=("loop", "v", "interleaved"), partitions=("even", "balanced")) -> list[Result]:
+         kinds=("loop", "v", "interleaved"), partitions=("even", "balanced"), cp: bool = True) -> list[Result]:
     """Every evaluated configuration that fits in device memory, best first. Raises
     :class:`NothingFits` (with the smallest configuration's memory figures) when none does."""
-    evaluated = [evaluate(setup, c, length) for c in candidates(setup, chunks, max_folds, kinds, partitions)]
+    evaluated, seen = [], set()
+    for c in candidates(setup, chunks, max_folds, kinds, partitions, cp):
+        key = dataclasses.replace(c, chunk=min(c.chunk, length))   # budgets past the prompt are one chunk
+        if key not in seen:
+            seen.add(key)
+            evaluated.append(evaluate(setup, c, length))
     results = [r for r in evaluated if r.fits]
     if not results:
         raise NothingFits(_nothing_fits(setup, length, evaluated))
@@ -130,7 +168,7 @@ def tune(setup: Setup, length: int, *, chunks=PAPER_CHUNKS, max_folds: int = 2, 
         c = r.candidate
         if len(seen) >= taper_top:
             break
-        if c.chunking != "fixed" or (c.kind, c.folds, c.partition, c.comm, c.chunk) in seen:
+        if c.chunking != "fixed" or c.cp > 1 or (c.kind, c.folds, c.partition, c.comm, c.chunk) in seen:
             continue
         seen.add((c.kind, c.folds, c.partition, c.comm, c.chunk))
         sizes, head, tail, ttft = best_taper(lambda s: evaluate(setup, c, length, s).ttft, length, c.chunk)

@@ -20,6 +20,7 @@ from .ir import (COMM_MODES, COMPUTE, HANDOFF, RECV, SEND, Action, Plan, Request
 from .layout import KINDS, Layout, balance, make_layout
 from .order import Task, admission_gates, auto_slack, list_schedule, nominal_starts, slot_key
 from .packing import build_vpp_packed, packed_chunks
+from .rank_balance import balance_ranks, rank_loads
 from .simulator import simulate
 from .spans import Span
 from .strategies import STRATEGIES, Strategy
@@ -33,9 +34,9 @@ __all__ = [
     "Action", "COMM_MODES", "COMPUTE", "Cost", "DcppPlanner", "FlopCost", "HANDOFF", "KINDS", "Layout",
     "LinearCost", "Plan", "PlanError", "RECV", "REQUEST_ORDERS", "Request", "SEND", "STRATEGIES", "Span",
     "Strategy", "StreamStats", "Summary", "TableCost", "Task", "Trace", "admission_gates", "auto_slack",
-    "balance", "build_cpp", "build_plan", "build_vpp", "build_vpp_async", "build_vpp_packed", "chunk_requests",
+    "balance", "balance_ranks", "build_cpp", "build_plan", "build_vpp", "build_vpp_async", "build_vpp_packed", "chunk_requests",
     "dcpp_requests", "drain_idle", "drain_windows", "fit_quadratic", "format_summaries", "insert_comms",
     "link_group", "list_schedule", "live_requests", "make_layout", "nominal_starts", "packed_chunks",
-    "plan_from_orders", "replace_actions", "request_done_times", "request_ttft", "seconds_per_token",
+    "plan_from_orders", "rank_loads", "replace_actions", "request_done_times", "request_ttft", "seconds_per_token",
     "simulate", "slot_key", "strategies", "stream_stats", "summarize", "timeline", "verify", "workloads",
 ]

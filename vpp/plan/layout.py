@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from .rank_balance import balance_ranks
+
 KINDS = ("loop", "v", "interleaved")
 
 
@@ -123,17 +125,26 @@ def stage_ranks_for(kind: str, pp: int, folds: int = 1) -> tuple[int, ...]:
 def make_layout(kind: str, num_layers: int, pp: int, *, folds: int = 1,
                 partition: Sequence[int] | None = None,
                 layer_costs: Sequence[float] | float | None = None,
-                embed_cost: float = 0.0, head_cost: float = 0.0) -> Layout:
+                embed_cost: float = 0.0, head_cost: float = 0.0, per_rank: bool = False,
+                allowed_starts: Sequence[int] | None = None) -> Layout:
     """Build a layout of ``num_layers`` layers on ``pp`` ranks.
 
     ``partition`` gives the layers of each stage explicitly. Otherwise, without costs, layers are split
     evenly (the first ``num_layers % num_stages`` stages get one more). With ``layer_costs`` (one per
     layer, or one number for all) or a non-zero ``embed_cost`` / ``head_cost`` (charged to the first /
     last stage; in a V both land on rank 0), the partition minimises the most expensive stage and,
-    among those, the spread of stage costs (sum of squares).
+    among those, the spread of stage costs (sum of squares); with ``per_rank`` it minimises the most
+    expensive *rank* instead (:func:`.rank_balance.balance_ranks`), cutting stages only at
+    ``allowed_starts`` when given.
     """
     ranks = stage_ranks_for(kind, pp, folds)
     where = f"{kind} layout, pp={pp}, folds={folds}"
+    if per_rank and partition is None:
+        costs = _layer_costs(num_layers, layer_costs)
+        seeds = [] if allowed_starts is not None else [balance(costs, len(ranks), embed_cost=embed_cost,
+                                                               head_cost=head_cost)]
+        partition = balance_ranks(costs, ranks, embed_cost=embed_cost, head_cost=head_cost,
+                                  allowed=allowed_starts, seeds=seeds)
     counts = _partition(num_layers, len(ranks), partition, layer_costs, embed_cost, head_cost, where)
     bounds, start = [], 0
     for n in counts:

@@ -1,0 +1,120 @@
+"""Context parallelism (ring attention) against CPP, DCPP and VPP-Async, in simulation at paper scale.
+
+    python benchmarks/cp_compare.py [--out benchmarks/results]
+
+1. The published anchor: Meta's Llama3-405B 1M-token prefill on 128 H100s (TP8 x CP16), 77 s, 93%
+   parallel efficiency, ~63% of peak (arXiv 2411.01783), against the model on the H100 preset.
+2. 16 devices, DeepSeek-V3.1 and Qwen3-Coder-30B-A3B, 128K to 1M tokens: CPP, DCPP, VPP-Async (TP8 x PP2),
+   CP (TP x CP, every shape) and VPP-Async x CP (PP2 x CP x TP), each at its best chunk budget, with TTFT
+   and memory per device, on the paper's Ascend 910C (efficiencies fitted as in paper_repro.py) and on
+   H100. Which wins where, among the deployments that fit the device's memory.
+
+Writes cp_compare.md and cp_compare.json (rows; the anchor row is named llama3-405b-1m-128xh100).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from _report import kib, md_table  # noqa: E402
+from vpp.bench.cp_sweep import ANCHOR, anchor, deployments, evaluate  # noqa: E402
+from vpp.bench.sweep import WEIGHT_BYTES, fitted_setups  # noqa: E402
+from vpp.perf.hardware import H100  # noqa: E402
+
+MODELS = ("deepseek-v3.1", "qwen3-coder-30b-a3b")
+LENGTHS = (131072, 262144, 524288, 1048576)
+
+
+def section_anchor(rows) -> str:
+    a = rows[0]
+    body = [["TTFT (s)", a["paper_ttft_s"], a["ttft_s"], f"{100 * a['error']:+.1f}%"],
+            ["parallel efficiency (CP16 vs 16 x one node)", a["paper_efficiency"], a["efficiency"],
+             f"{100 * (a['efficiency'] / a['paper_efficiency'] - 1):+.1f}%"],
+            ["share of dense BF16 peak", a["paper_utilization"], a["utilization"],
+             f"{100 * (a['utilization'] / a['paper_utilization'] - 1):+.1f}%"]]
+    alt = rows[1]
+    return "\n".join([
+        "## 1. The anchor: Llama3-405B, 1M tokens, 128 H100 (TP8 x CP16)", "",
+        f"Source: {ANCHOR['source']}. Setup as modelled: 16 nodes of 8 H100 (NVLink inside a node, one 400 Gb/s "
+        "NIC per GPU between nodes), TP8 inside each node and a CP16 ring across nodes, FP8 row-wise weights "
+        "for the linear layers, BF16 attention (FlashAttention-3 efficiency of the H100 preset), the prompt "
+        "sharded load-balanced (2 x 16 pieces) and prefilled in one forward with pass-KV ring attention. "
+        "Nothing is fitted: every constant is the H100 preset's (vpp/perf/hardware.py).", "",
+        md_table(["quantity", "paper", "model", "error"], body), "",
+        f"Model breakdown per GPU: one node alone would take {a['one_node_s']:.0f} s (the paper's introduction: "
+        f"~1200 s on one host). With 1M read as 10^6 tokens instead of 2^20 the model gives {alt['ttft_s']:.1f} s "
+        f"({100 * alt['error']:+.1f}%); the anchor row uses 2^20, the convention of the paper's 128K = 131072.", "",
+        "Where it differs: the model's ring hides every KV transfer behind attention (a 64K-token KV block of one "
+        "KV head is ~34 MB per GPU, ~1 ms on the NIC, against ~30 ms of attention per ring step), so its parallel "
+        "efficiency (98%) exceeds the measured 93%; the 5-point gap and most of the -10% TTFT are what a real "
+        "ring loses to synchronisation across 16 nodes and to attention kernels below the preset's 60% of peak.", ""])
+
+
+def section_table(results: dict) -> str:
+    lines = ["## 2. 16 devices: pipeline schedules vs context parallelism", "",
+             "TTFT in seconds at each deployment's best budget [chunk tokens]; memory per device in GB (the "
+             "heaviest device: weights + KV cache + peak activations), struck out where it exceeds the device. "
+             "Budgets are tokens per device: a CP group of cp ranks takes cp x 8K..32K per chunk.", ""]
+    wins = []
+    for (dev, model), outs in results.items():
+        names = [o.deployment.name for o in outs[LENGTHS[0]]]
+        body = []
+        for L in LENGTHS:
+            cells = []
+            for o in outs[L]:
+                mem = f"{o.memory / 1e9:.0f} GB" if o.fits else f"~~{o.memory / 1e9:.0f} GB~~"
+                cells.append(f"{o.ttft:.1f} [{kib(o.chunk)}] {mem}")
+            fitting = [o for o in outs[L] if o.fits]
+            win = min(fitting, key=lambda o: o.ttft) if fitting else None
+            pp_best = min((o for o in fitting if o.deployment.setup.cp == 1), key=lambda o: o.ttft, default=None)
+            verdict = "nothing fits" if win is None else f"{win.deployment.name} ({win.deployment.shape})"
+            if win is not None and pp_best is not None and win is not pp_best:
+                verdict += f", {100 * (pp_best.ttft / win.ttft - 1):+.1f}% over {pp_best.deployment.name}"
+            body.append([kib(L)] + cells + [verdict])
+            wins.append((dev, model, L, verdict))
+        lines += [f"### {model} on 16 x {dev}", "", md_table(["length"] + names + ["fastest that fits"], body), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    rows = [anchor(), {**anchor(tokens=10 ** 6), "name": "llama3-405b-1e6-128xh100"}]
+    setups, fit = fitted_setups()
+    devices = {"ascend-910c-die (fitted)": setups["deepseek-v3.1"].device, "h100-sxm": H100}
+    results = {}
+    for dev_name, dev in devices.items():
+        for model in MODELS:
+            arch = setups[model].arch
+            deps = deployments(arch, dev, devices=16, weight_bytes=WEIGHT_BYTES[model])
+            results[(dev_name, model)] = {L: [evaluate(d, L) for d in deps] for L in LENGTHS}
+            for L in LENGTHS:
+                rows += [{"name": f"{model}-{L // 1024}k-16x{dev.name}", "model": model, "device": dev.name,
+                          **o.to_dict()} for o in results[(dev_name, model)][L]]
+    notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cp_compare_notes.md")
+    md = "\n".join(["# Context parallelism vs pipeline schedules (simulated)", "",
+                     "Command: `python benchmarks/cp_compare.py`. Model: vpp/perf/cp.py (ring attention, pass-KV / "
+                     "pass-Q, load-balanced sharding, experts over the whole CP x TP group).", "",
+                     section_anchor(rows), section_table(results)]
+                    + ([open(notes).read()] if os.path.exists(notes) else [])
+                    + [f"_Generated in {time.time() - t0:.0f} s._"])
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "cp_compare.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(args.out, "cp_compare.json"), "w") as f:
+        json.dump({"fit": {"eff_attn": fit.eff_attn, "eff_link": fit.eff_link, "host_step": fit.host_step},
+                   "rows": rows}, f, indent=1)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""How real runs cut a model into stages (vpp.bench.partition): balanced per rank on the cost model."""
+
+import pytest
+
+from vpp.bench.partition import choose_partition, layer_costs
+from vpp.models.registry import open_model, snap_partition
+from vpp.plan import rank_loads
+from vpp.plan.layout import stage_ranks_for
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek", "tiny-qwen", "tiny-glm"])
+@pytest.mark.parametrize("kind", ["loop", "v"])
+def test_heaviest_rank_no_worse_than_the_even_split(name, kind):
+    model = open_model(name)
+    costs, embed, head = layer_costs(model.config, chunk=1024, seq_len=16384)
+    ranks = stage_ranks_for(kind, 2)
+    part = choose_partition(model, kind, 2, chunk=1024, seq_len=16384)
+    even = snap_partition(model.num_layers, len(ranks), model.stage_starts)
+    load = lambda p: max(rank_loads(p, costs, ranks, embed_cost=embed, head_cost=head))
+    assert load(part) <= load(even) * (1 + 1e-12)
+    starts = [sum(part[:i]) for i in range(len(part))]
+    assert set(starts) <= set(model.stage_starts)          # tiny-glm's shared-indexer layers stay together
+
+
+def test_even_on_request_and_for_models_without_a_cost_view():
+    model = open_model("tiny-deepseek")
+    assert choose_partition(model, "v", 2, chunk=512, seq_len=4096, how="even") == snap_partition(6, 4, model.stage_starts)
+    toy = open_model("toy")
+    assert choose_partition(toy, "v", 2, chunk=512, seq_len=4096) == snap_partition(8, 4, toy.stage_starts)
+    with pytest.raises(ValueError, match="partition='bad'"):
+        choose_partition(model, "v", 2, chunk=512, seq_len=4096, how="bad")

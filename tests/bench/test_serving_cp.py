@@ -1,0 +1,61 @@
+"""Paper-scale streams (vpp.bench.serving) and the CP comparison harness (vpp.bench.cp_sweep) on tiny
+deployments."""
+
+import pytest
+
+from vpp.bench.cp_sweep import anchor, deployments, evaluate
+from vpp.bench.serving import best_budget, gain, serve
+from vpp.perf.arch import Arch
+from vpp.perf.configs import LLAMA3_405B, get_arch
+from vpp.perf.cp import full_prefill
+from vpp.perf.hardware import H100
+from vpp.perf.ops import Parallel
+from vpp.perf.runs import Setup, run
+from vpp.plan.workloads import Workload
+
+from tests.perf.archs import DEV, TINY_GQA, TINY_MLA
+
+
+def tiny_setup() -> Setup:
+    return Setup(Arch.from_config({**TINY_MLA, "num_hidden_layers": 4}), DEV, Parallel(tp=2, weight_bytes=1), 2)
+
+
+def test_serve_measures_the_stream_it_simulates():
+    setup = tiny_setup()
+    w = Workload("w", (2048, 512, 4096), (0.0, 0.0, 0.0), 2)
+    rows = {s: serve(setup, w, s, 512) for s in ("cpp", "dcpp", "vpp-async", "vpp-packed")}
+    for r in rows.values():
+        assert r.stats.tokens == 6656 and r.stats.throughput == pytest.approx(6656 / r.stats.makespan)
+        assert r.stats.ttft_median <= r.stats.ttft_p90
+    assert rows["cpp"].chunks == 4 + 1 + 8
+    assert gain(rows, "cpp") == pytest.approx(rows["vpp-packed"].stats.throughput / rows["cpp"].stats.throughput - 1)
+    best = best_budget(setup, w, "cpp", (256, 512, 1024))
+    assert best.stats.throughput == max(serve(setup, w, "cpp", c).stats.throughput for c in (256, 512, 1024))
+
+
+def test_deployments_spend_every_device():
+    deps = deployments(get_arch("deepseek"), DEV, devices=16)
+    names = [d.name for d in deps]
+    assert names == ["CPP", "DCPP", "VPP-Async", "CP2", "CP4", "CP8", "CP16", "VPP-Async x CP2", "VPP-Async x CP4"]
+    for d in deps:
+        assert d.setup.devices == 16
+    assert {d.shape for d in deps if d.name.startswith("VPP-Async x")} == {"TP4 x PP2 x CP2", "TP2 x PP2 x CP4"}
+    assert all(d.setup.cp == 1 for d in deployments(get_arch("glm"), DEV, devices=16))   # no CP for DSA
+
+
+def test_evaluate_takes_the_best_budget_and_checks_memory():
+    arch = Arch.from_config({**TINY_GQA, "num_hidden_layers": 4})
+    dep = [d for d in deployments(arch, DEV.replace(mem_bytes=1e12), devices=4, weight_bytes=2) if d.name == "CP2"][0]
+    out = evaluate(dep, 4096, chunks=(256, 512, 1024))
+    direct = min(run(dep.setup, "cpp", [4096], c * 2).row.total for c in (256, 512, 1024))
+    assert out.ttft == pytest.approx(direct) and out.fits
+    tight = [d for d in deployments(arch, DEV.replace(mem_bytes=1.0), devices=4, weight_bytes=2) if d.name == "CP2"][0]
+    assert not evaluate(tight, 4096, chunks=(256,)).fits
+
+
+def test_anchor_is_the_full_prefill_of_the_modelled_setup():
+    a = anchor(tokens=1 << 16)
+    par = Parallel(tp=8, weight_bytes=1)
+    assert a["ttft_s"] == pytest.approx(full_prefill(LLAMA3_405B, H100, par, 16, 1 << 16))
+    assert a["efficiency"] == pytest.approx(full_prefill(LLAMA3_405B, H100, par, 1, 1 << 16) / (16 * a["ttft_s"]))
+    assert 0 < a["efficiency"] <= 1.0 and a["name"] == "llama3-405b-1m-128xh100"

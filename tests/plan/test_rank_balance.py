@@ -1,0 +1,95 @@
+"""Partitions balanced per rank: hand cases, exact optimality on small cases, and the property that the
+heaviest rank is never heavier than the per-stage balancer's."""
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vpp.plan import balance, balance_ranks, make_layout, rank_loads
+from vpp.plan.layout import stage_ranks_for
+
+
+def test_v_gives_rank0_fewer_layers_when_it_carries_embedding_and_head():
+    """6 equal layers on a V of 2 ranks: rank 0 holds s0 and s3 plus embedding and head (0.6 each). With 3
+    layers it would carry 4.2 against rank 1's 3; with 2 layers 3.2 against 4: the heaviest rank is 4."""
+    ranks = stage_ranks_for("v", 2)
+    part = balance_ranks([1.0] * 6, ranks, embed_cost=0.6, head_cost=0.6)
+    assert rank_loads(part, [1.0] * 6, ranks, embed_cost=0.6, head_cost=0.6) == pytest.approx([3.2, 4.0])
+    assert part == (1, 2, 2, 1)                     # stages alike: (1.6, 2, 2, 1.6)
+    stage = balance([1.0] * 6, 4, embed_cost=0.6, head_cost=0.6)   # the per-stage balancer may leave rank 0 at 4.2
+    assert max(rank_loads(stage, [1.0] * 6, ranks, embed_cost=0.6, head_cost=0.6)) >= 4.0
+
+
+def test_dense_first_layers_and_allowed_starts():
+    ranks = stage_ranks_for("loop", 2)
+    costs = [0.5, 0.5, 1, 1, 1, 1]                  # two cheap dense layers first
+    assert balance_ranks(costs, ranks) == (4, 2)   # 3 vs 2
+    assert balance_ranks(costs, ranks, allowed=[0, 3, 5]) == (3, 3)   # cannot cut at 4
+    with pytest.raises(ValueError, match="allow 2 stages, 4 asked for"):
+        balance_ranks(costs, stage_ranks_for("v", 2), allowed=[0, 3])
+
+
+def test_near_ties_go_to_even_stages():
+    """61 layers, the first 3 (dense) 1% cheaper: moving them to rank 1 lowers the heaviest rank by a hair
+    with a lopsided V (1/16/15/29); within the tolerance the even stages win."""
+    costs, ranks = [0.99] * 3 + [1.0] * 58, stage_ranks_for("v", 2)
+    exact = balance_ranks(costs, ranks, embed_cost=0.05, head_cost=0.05, tolerance=0.0)
+    assert max(exact) > 25
+    assert max(balance_ranks(costs, ranks, embed_cost=0.05, head_cost=0.05)) == 16
+
+
+def test_make_layout_per_rank():
+    lay = make_layout("v", 61, 2, layer_costs=[1.0] * 61, embed_cost=0.05, head_cost=0.05, per_rank=True)
+    loads = rank_loads(lay.partition, [1.0] * 61, lay.stage_ranks, embed_cost=0.05, head_cost=0.05)
+    assert loads == pytest.approx([30.1, 31.0])      # rank 0 (embedding, head) takes the 30 layers
+    even = make_layout("v", 61, 2).partition
+    assert max(loads) < max(rank_loads(even, [1.0] * 61, lay.stage_ranks, embed_cost=0.05, head_cost=0.05))
+
+
+def _brute_force(costs, ranks, embed, head):
+    n, s = len(costs), len(ranks)
+    best = None
+    for bounds in itertools.combinations(range(1, n), s - 1):
+        edges = (0, *bounds, n)
+        part = [b - a for a, b in zip(edges, edges[1:])]
+        top = max(rank_loads(part, costs, ranks, embed_cost=embed, head_cost=head))
+        best = top if best is None else min(best, top)
+    return best
+
+
+costs_st = st.lists(st.floats(0.01, 10.0, allow_nan=False), min_size=4, max_size=14)
+
+
+@settings(max_examples=80, deadline=None)
+@given(costs=costs_st, kind=st.sampled_from(["loop", "v", "interleaved"]), pp=st.integers(1, 3),
+       embed=st.floats(0, 5), head=st.floats(0, 5))
+def test_exact_search_is_optimal_and_never_worse_than_the_stage_balancer(costs, kind, pp, embed, head):
+    ranks = stage_ranks_for(kind, pp)
+    if len(ranks) > len(costs):
+        return
+    loads = lambda p: max(rank_loads(p, costs, ranks, embed_cost=embed, head_cost=head))
+    optimum = _brute_force(costs, ranks, embed, head)
+    exact = balance_ranks(costs, ranks, embed_cost=embed, head_cost=head, tolerance=0.0)
+    assert loads(exact) == pytest.approx(optimum, rel=1e-9, abs=1e-12)
+    stage = balance(costs, len(ranks), embed_cost=embed, head_cost=head)
+    part = balance_ranks(costs, ranks, embed_cost=embed, head_cost=head, seeds=[stage])
+    assert sum(part) == len(costs) and min(part) >= 1 and len(part) == len(ranks)
+    assert loads(part) <= optimum * (1 + 0.005) * (1 + 1e-9) + 1e-12          # within the tolerance
+    assert loads(part) <= loads(stage) * (1 + 1e-9) + 1e-12                   # never worse than per stage
+
+
+@settings(max_examples=40, deadline=None)
+@given(costs=st.lists(st.floats(0.01, 10.0, allow_nan=False), min_size=16, max_size=40),
+       kind=st.sampled_from(["v", "interleaved"]), pp=st.integers(2, 4), folds=st.integers(1, 2),
+       embed=st.floats(0, 5), head=st.floats(0, 5))
+def test_descent_never_worse_than_its_seed(costs, kind, pp, folds, embed, head):
+    ranks = stage_ranks_for(kind, pp, folds)
+    if len(ranks) > len(costs):
+        return
+    seed = balance(costs, len(ranks), embed_cost=embed, head_cost=head)
+    part = balance_ranks(costs, ranks, embed_cost=embed, head_cost=head, seeds=[seed], exact_limit=0)
+    loads = lambda p: rank_loads(p, costs, ranks, embed_cost=embed, head_cost=head)
+    assert max(loads(part)) <= max(loads(seed)) * (1 + 1e-9) + 1e-12
+    assert sum(part) == len(costs) and min(part) >= 1

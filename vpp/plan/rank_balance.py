@@ -1,0 +1,158 @@
+"""Partitions balanced per rank: the heaviest *rank*, not the heaviest stage.
+
+A rank holds several stages (in a V, rank 0 holds the first and the last, with the embedding and the
+LM head), and what a pipeline waits for is a rank's total work per chunk. :func:`balance_ranks` cuts
+``costs`` (one per layer) into contiguous stages and minimises, in this order:
+
+1. the heaviest rank's cost (the sum of its stages', the embedding on stage 0, the head on the last),
+   where partitions within ``tolerance`` (default 0.5%) of the optimum count as equal -- so that a few
+   percent of per-layer noise (a dense layer slightly cheaper than a MoE one) cannot buy a lopsided
+   V such as 1/16/15/29 layers over 15/16/15/15 -- but never above the seeds' heaviest rank;
+2. the sum of squared stage costs (stages alike: the drain is the last stage of the last chunk);
+3. the heaviest rank's cost itself, then the last stage's cost.
+
+Search. Stage boundaries are chosen among ``allowed`` starts (default: every layer; a DSA model whose
+layers share an indexer cannot be cut between them). When the number of boundary sets is at most
+``exact_limit`` every one is tried, so the result is optimal. Otherwise a descent starts from the best of
+``seeds`` (partitions to improve on, e.g. the per-stage balancer's, :func:`vpp.plan.layout.balance`, as
+:func:`vpp.plan.make_layout` passes it) and the even split, and moves one boundary at a time to any
+allowed position between its neighbours while the objective improves; it returns a partition no worse
+than any seed, in particular never heavier on its heaviest rank than the per-stage balancer's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+EXACT_LIMIT = 400_000
+
+
+def rank_loads(partition: Sequence[int], costs: Sequence[float], stage_ranks: Sequence[int], *,
+               embed_cost: float = 0.0, head_cost: float = 0.0) -> list[float]:
+    """Per rank, the summed cost of its stages under ``partition`` (layers per stage)."""
+    loads = [0.0] * (max(stage_ranks) + 1)
+    for s, c in enumerate(stage_costs(partition, costs, embed_cost=embed_cost, head_cost=head_cost)):
+        loads[stage_ranks[s]] += c
+    return loads
+
+
+def stage_costs(partition: Sequence[int], costs: Sequence[float], *, embed_cost: float = 0.0,
+                head_cost: float = 0.0) -> list[float]:
+    out, start = [], 0
+    for n in partition:
+        out.append(sum(costs[start:start + n]))
+        start += n
+    out[0] += embed_cost
+    out[-1] += head_cost
+    return out
+
+
+def _objective(stage_ranks, costs, embed_cost, head_cost) -> Callable[[Sequence[int]], tuple]:
+    """score(bounds): (heaviest rank, sum of squared rank costs, sum of squared stage costs, last stage)
+    of the partition whose inner stage boundaries are ``bounds``."""
+    pre = [0.0, *itertools.accumulate(costs)]
+    n, ranks = len(costs), max(stage_ranks) + 1
+    r = lambda x: round(x, 12)   # float noise must not break ties between equal partitions
+
+    def score(bounds: Sequence[int]) -> tuple:
+        edges = (0, *bounds, n)
+        loads = [0.0] * ranks
+        sq = 0.0
+        for s in range(len(edges) - 1):
+            c = pre[edges[s + 1]] - pre[edges[s]]
+            if s == 0:
+                c += embed_cost
+            if s == len(edges) - 2:
+                c += head_cost
+                last = c
+            loads[stage_ranks[s]] += c
+            sq += c * c
+        return (r(max(loads)), r(sum(x * x for x in loads)), r(sq), r(last))
+    return score
+
+
+def _from_bounds(bounds: Sequence[int], n: int) -> tuple[int, ...]:
+    edges = [0, *bounds, n]
+    return tuple(b - a for a, b in zip(edges, edges[1:]))
+
+
+def balance_ranks(costs: Sequence[float], stage_ranks: Sequence[int], *, embed_cost: float = 0.0,
+                  head_cost: float = 0.0, allowed: Sequence[int] | None = None,
+                  seeds: Sequence[Sequence[int]] = (), exact_limit: int = EXACT_LIMIT,
+                  tolerance: float = 0.005) -> tuple[int, ...]:
+    """Layers per stage minimising the heaviest rank (see the module docstring)."""
+    n, stages = len(costs), len(stage_ranks)
+    cuts = sorted(set(range(1, n)) if allowed is None else {a for a in allowed if 0 < a < n})
+    if len(cuts) < stages - 1:
+        raise ValueError(f"{n} layers with stage starts {[0] + cuts} allow {len(cuts) + 1} stages, "
+                         f"{stages} asked for")
+    if any(c < 0 for c in costs) or embed_cost < 0 or head_cost < 0:
+        raise ValueError("layer, embedding and head costs must be >= 0")
+    if stages == 1:
+        return (n,)
+    score = _objective(tuple(stage_ranks), list(costs), embed_cost, head_cost)
+    starts = _starts(seeds, stages, cuts, n)
+    if math.comb(len(cuts), stages - 1) <= exact_limit:
+        return _exact(costs, stage_ranks, embed_cost, head_cost, cuts, [score(b)[0] for b in starts[:len(seeds)]],
+                      tolerance)
+    return _descend(starts, cuts, n, score)
+
+
+def _exact(costs, stage_ranks, embed_cost, head_cost, cuts, seed_tops, tolerance) -> tuple[int, ...]:
+    """Every boundary set at once (numpy): the heaviest rank's optimum, then among the sets within
+    ``tolerance`` of it (and no heavier than any seed) the most even stages, then the lighter heaviest
+    rank, then the lighter last stage."""
+    n, stages = len(costs), len(stage_ranks)
+    pre = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=np.float64))])
+    bounds = np.array(list(itertools.combinations(cuts, stages - 1)), dtype=np.int64).reshape(-1, stages - 1)
+    edges = np.hstack([np.zeros((len(bounds), 1), np.int64), bounds, np.full((len(bounds), 1), n)])
+    stage = pre[edges[:, 1:]] - pre[edges[:, :-1]]
+    stage[:, 0] += embed_cost
+    stage[:, -1] += head_cost
+    loads = np.zeros((len(bounds), max(stage_ranks) + 1))
+    for s, r in enumerate(stage_ranks):
+        loads[:, r] += stage[:, s]
+    top = np.round(loads.max(axis=1), 12)
+    cap = min([top.min() * (1 + tolerance)] + list(seed_tops))
+    ok = np.flatnonzero(top <= cap + 1e-12)
+    keys = (np.round(stage[ok, -1], 12), top[ok], np.round((stage[ok] ** 2).sum(axis=1), 12))
+    best = ok[np.lexsort(keys)[0]]                       # lexsort: the last key is the primary one
+    return _from_bounds(bounds[best].tolist(), n)
+
+
+def _starts(seeds, stages, cuts, n) -> list[list[int]]:
+    out = []
+    for part in seeds:
+        bounds = list(itertools.accumulate(part))[:-1]
+        if len(part) != stages or sum(part) != n or not set(bounds) <= set(cuts):
+            raise ValueError(f"seed partition {list(part)} is not {stages} stages of {n} layers on the allowed starts")
+        out.append(bounds)
+    step = len(cuts) / stages
+    even = sorted({cuts[min(len(cuts) - 1, int(round(step * (i + 1))) - 1)] for i in range(stages - 1)})
+    if len(even) == stages - 1:
+        out.append(even)
+    else:
+        out.append(cuts[:stages - 1])
+    return out
+
+
+def _descend(starts: list[list[int]], cuts: list[int], n: int, score) -> tuple[int, ...]:
+    best = min(starts, key=score)
+    best_score = score(best)
+    improved = True
+    while improved:
+        improved = False
+        for i in range(len(best)):
+            lo = best[i - 1] if i else 0
+            hi = best[i + 1] if i + 1 < len(best) else n
+            for c in cuts:
+                if lo < c < hi and c != best[i]:
+                    trial = best[:i] + [c] + best[i + 1:]
+                    s = score(trial)
+                    if s < best_score:
+                        best, best_score, improved = trial, s, True
+    return _from_bounds(best, n)
