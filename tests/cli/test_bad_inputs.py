@@ -29,10 +29,10 @@ def _model_dirs(tmp_path):
 
 CASES = [
     # (argv, code, the message)
-    ("prefill --pp 8", 2, r"cpp with --tp 1 --pp 8 on tiny-deepseek: 6 layers allow only 6 stages"),
+    ("prefill --pp 8", 2, r"cpp with --tp 1 --pp 8 on tiny-deepseek: 6 layers with stage starts \[0, 1, 2, 3, 4, 5\] allow 6 stages, 8 asked for"),
     ("prefill --tp 3", 2, r"num_attention_heads=8 is not divisible by tp=3"),
     ("prefill --model tiny-glm --tp 3 --pp 1 --schedule cpp", 2, r"num_attention_heads=8 is not divisible by tp=3"),
-    ("prefill --model tiny-glm --pp 4 --schedule vpp", 2, r"6 layers allow only 4 stages \(starts \[0, 1, 3, 5\]\), 8 asked for"),
+    ("prefill --model tiny-glm --pp 4 --schedule vpp", 2, r"6 layers with stage starts \[0, 1, 3, 5\] allow 4 stages, 8 asked for"),
     ("prefill --model /nonexistent", 2, r"--model /nonexistent: neither a built-in model .* nor a model directory"),
     ("prefill --model {only-config}", 2, r"neither model.safetensors nor model.safetensors.index.json"),
     ("prefill --model {llama}", 2, r"model_type='llama' is not supported"),

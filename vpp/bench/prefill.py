@@ -22,7 +22,7 @@ import torch.distributed as dist
 from vpp.models.registry import open_model
 from vpp.parallel.comm import irecv, isend
 from vpp.parallel.groups import ParallelGroups
-from vpp.plan import TableCost, simulate, strategies
+from vpp.plan import TableCost, make_layout, simulate, strategies
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp import profile_planner
 
