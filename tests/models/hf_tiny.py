@@ -29,24 +29,26 @@ _MLA = dict(
 _DSA = dict(index_topk=INDEX_TOPK, index_n_heads=16, index_head_dim=16)
 
 
-def config(model_type: str):
+def config(model_type: str, **overrides):
+    """The tiny config of ``model_type``; ``overrides`` replace keys of the common part (widths)."""
+    common = {**_COMMON, **overrides}
     if model_type == "qwen3_moe":
         # one KV head: at TP = 2 each rank holds a replica of it; layer 0 is dense (mlp_only_layers)
-        return tf.Qwen3MoeConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+        return tf.Qwen3MoeConfig(**common, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
                                  num_experts=8, norm_topk_prob=True, mlp_only_layers=[0])
     if model_type == "deepseek_v3":
-        return tf.DeepseekV3Config(**_COMMON, **_MLA)
+        return tf.DeepseekV3Config(**common, **_MLA)
     if model_type == "deepseek_v32":
-        return tf.DeepseekV32Config(**_COMMON, **_MLA, **_DSA)
+        return tf.DeepseekV32Config(**common, **_MLA, **_DSA)
     # GLM-5 IndexShare: indexer_types = full, full, shared, full (index_topk_freq 2, offset 2)
-    return tf.GlmMoeDsaConfig(**_COMMON, **_MLA, **_DSA, index_topk_freq=2)
+    return tf.GlmMoeDsaConfig(**common, **_MLA, **_DSA, index_topk_freq=2)
 
 
-def model(model_type: str, seed: int = 0):
+def model(model_type: str, seed: int = 0, **overrides):
     """A random model whose weights are O(1/sqrt(fan_in)) (the default 0.02 init makes attention
     nearly uniform, which would hide mask and RoPE bugs), with non-trivial norms and router biases."""
     torch.manual_seed(seed)
-    cfg = config(model_type)
+    cfg = config(model_type, **overrides)
     m = tf.AutoModelForCausalLM.from_config(cfg).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
