@@ -210,3 +210,19 @@ def test_fp8_logits_match_transformers_tp2_pp2(model_type, tp2_results):
         for key in (1, 2, "pipeline"):  # ep = 1, ep = 2, two pipeline stages (ep = 2)
             error = res[("fp8", model_type, key)]
             assert error < 1e-4, f"rank {rank}, {key}: max abs error {error:.2e}"
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16, torch.float8_e8m0fnu])
+def test_scale_dtypes_of_the_releases(scale_dtype, tmp_path):
+    """float32 scales (DeepSeek-V3), bf16, and power-of-two float8_e8m0fnu ones (ue8m0, V3.1's scale_fmt)."""
+    from safetensors.torch import save_file
+    from tests.models.fp8_tiny import dequantize
+    g = torch.Generator().manual_seed(0)
+    q = (torch.randn(50, 70, generator=g) * 100).to(torch.float8_e4m3fn)
+    scale = (2.0 ** torch.randint(-12, -2, (3, 3), generator=g).float()).to(scale_dtype)  # [50, 70] in [24, 32]
+    save_file({"w.weight": q, "w.weight_scale_inv": scale}, str(tmp_path / "model.safetensors"))
+    ckpt = SafetensorsCheckpoint(tmp_path, {"method": "fp8", "fmt": "e4m3", "weight_block_size": [24, 32]})
+    full = dequantize(q, scale.float())
+    for shard in (None, Shard(0, 1, 2), Shard(1, 2, 5), Shard(0, 2, 3, pad=True)):
+        assert torch.equal(ckpt.read("w.weight", shard), full if shard is None else shard.narrow(full))
+    assert ckpt.names() == {"w.weight"}
