@@ -8,8 +8,8 @@ A quantized weight W [out, in] is stored as Q (float8_e4m3fn, same shape) and S 
 The last block row / column is partial when bo / bi does not divide out / in. A rank that holds
 rows [r0, r1) and columns [c0, c1) of W needs only Q[r0:r1, c0:c1] and the scale blocks that cover
 them, S[r0 // bo : ceil(r1 / bo), c0 // bi : ceil(c1 / bi)]; :func:`scale_window` gives that window
-and :func:`dequantize` expands it over the rectangle (cropped at both ends, so a slice that starts or
-ends inside a block is exact). The product is taken in float32, where it is exact up to one
+and :func:`dequantize` applies it to the rectangle (cropped at both ends, so a slice that starts or
+ends inside a block is exact), holding only the float32 result and the row-expanded scales. The product is taken in float32, where it is exact up to one
 rounding of the 4-bit-mantissa x 24-bit-mantissa product, and cast to the run dtype by the caller.
 """
 
@@ -43,6 +43,11 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, block: tuple[int, int] | l
     if tuple(scales.shape) != expected:
         raise ValueError(f"scale window {tuple(scales.shape)} does not cover rows [{r0}, {r0 + h}) and columns "
                          f"[{c0}, {c0 + w}) with blocks [{bo}, {bi}] (expected {expected})")
-    s = scales.float().repeat_interleave(bo, dim=0)[r0 % bo: r0 % bo + h]
-    s = s.repeat_interleave(bi, dim=1)[:, c0 % bi: c0 % bi + w]
-    return q.float().mul_(s)
+    rows = scales.float().repeat_interleave(bo, dim=0)[r0 % bo: r0 % bo + h]  # [h, column blocks]
+    out = q.float()
+    start = 0
+    for j in range(rows.shape[1]):  # column block by column block: no weight-sized scale tensor
+        width = min(bi - (c0 % bi if j == 0 else 0), w - start)
+        out[:, start:start + width].mul_(rows[:, j:j + 1])
+        start += width
+    return out
