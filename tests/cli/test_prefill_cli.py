@@ -49,6 +49,10 @@ def test_check_failure_is_loud(capsys):
     assert "CHECK FAILED: logits of ['cpp'] differ" in capsys.readouterr().err
     rows[0].max_abs_diff = 1e-6
     assert report(rows, facts, cfg, as_json=False, atol=1e-3) == 0
+    rows[0].max_abs_diff = 0.5
+    cfg = BenchConfig(model="toy", check=True, dtype="bfloat16")
+    assert report(rows, facts, cfg, as_json=False, atol=0.25) == 1
+    assert "in bfloat16 a top-k of the MoE router or the DSA indexer can flip" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
