@@ -247,7 +247,12 @@ value over the ranks. Deterministic (byte counts, no timing).
 `git archive bacdf77` with this script copied in; rows in `checkpoint_reads_before.json`): the
 dense MLP, shared and routed experts were read whole and narrowed in memory, and FP8 checkpoints
 were refused as "unexpected tensors". "after": every sharded tensor is read by slice; FP8 reads
-exceed held by the scale blocks only (at most 0.1% here with 128 x 128 blocks)."""
+exceed held by the scale blocks only (at most 0.1% here with 128 x 128 blocks).
+
+Caveat: these are bytes copied out of the (memory-mapped) files. A column slice of a row-major
+tensor (row-parallel o_proj / down_proj) takes a short run from every row; where a row is shorter
+than a 4 KiB page (e.g. DeepSeek-V3's expert down_proj, 2048 FP8 bytes per row) the page cache
+still brings in every page of the tensor from disk, once per node."""
 
 
 def main() -> None:
