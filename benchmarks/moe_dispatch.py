@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's vpp
 
-from vpp.parallel import initialize_model_parallel, run_distributed
+from vpp.parallel import initialize_model_parallel, narrowing, run_distributed
 from vpp.parallel.moe import MoE, MoEConfig
 
 SHAPES = {
@@ -48,7 +48,7 @@ def _load_random(moe: MoE, cfg: MoEConfig) -> None:
         shape = shapes.get(key) or ((cfg.hidden_size, width) if key == "down_proj" else (width, cfg.hidden_size))
         return torch.randn(shape, generator=g) / shape[-1] ** 0.5
 
-    moe.load_checkpoint(get, "")
+    moe.load_checkpoint(narrowing(get), "")
 
 
 def _rank(rank: int, world_size: int, shapes: list[str], tokens: list[int], rounds: int) -> dict:

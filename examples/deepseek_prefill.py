@@ -10,8 +10,7 @@ first and the last stage, so the prompt goes in and the logits come out on rank 
 
 import argparse
 
-import torch
-
+from vpp.models import prompt_ids
 from vpp.models.registry import open_model
 from vpp.parallel import initialize_model_parallel, launch
 from vpp.schedules import forward_vpp_prefill, make_layout
@@ -19,12 +18,13 @@ from vpp.schedules import forward_vpp_prefill, make_layout
 
 def prefill(rank: int, world: int, args) -> None:
     groups = initialize_model_parallel(args.tp, args.pp)
-    model = open_model(args.model or "tiny-deepseek")  # a model directory, or the built-in tiny model
+    model = open_model(args.model or "tiny-deepseek", dtype=args.dtype)  # a model directory, or the built-in tiny model
     config = model.config
     layout = make_layout("v", model.num_layers, args.pp)
     stages = model.stages(layout, groups)  # this rank's stages: a checkpoint's weights, or random ones
 
-    prompt = torch.randint(0, config["vocab_size"], (args.seq_len,), generator=torch.Generator().manual_seed(0))
+    # random ids, or a text in the checkpoint's own tokenizer (repeated up to --seq-len when given)
+    prompt = prompt_ids(args.model or "tiny-deepseek", config["vocab_size"], args.seq_len, args.prompt_file)
     out = forward_vpp_prefill(stages, prompt if groups.pp.rank == 0 else None, args.chunk_size, groups,
                               async_comm=True, return_trace=True)
     if out.logits is not None and groups.tp.rank == 0:
@@ -41,7 +41,9 @@ if __name__ == "__main__":
     p.add_argument("--model", help="a DeepSeek-V3 model directory (config.json + safetensors); default: tiny")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=2)
-    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--seq-len", type=int, help="prompt tokens (default 4096 random ids, or the text's length)")
+    p.add_argument("--prompt-file", help="a text prompt, tokenized with the model directory's tokenizer.json")
+    p.add_argument("--dtype", default="auto", help="auto (the checkpoint's torch_dtype) | float32 | bfloat16 | float16")
     p.add_argument("--chunk-size", type=int, default=512)
     args = p.parse_args()
     launch(prefill, args.tp * args.pp, args)

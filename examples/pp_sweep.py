@@ -14,6 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from vpp.models import prompt_ids
 from vpp.models.registry import open_model, snap_partition
 from vpp.parallel import initialize_model_parallel, launch, launched_by_torchrun
 from vpp.schedules import forward_prefill, make_layout
@@ -25,9 +26,9 @@ VARIANTS = [("cpp", "loop", 1), ("vpp", "v", 1), ("vpp-async", "v", 1), ("vpp-as
 
 def sweep(rank: int, world: int, args) -> list[tuple] | None:
     groups = initialize_model_parallel(1, world)
-    model = open_model(args.model)
-    prompt = torch.randint(0, model.config.get("vocab_size", 512), (args.seq_len,),
-                           generator=torch.Generator().manual_seed(0))
+    model = open_model(args.model, dtype=args.dtype)
+    prompt = prompt_ids(args.model, model.config.get("vocab_size", 512), args.seq_len, args.prompt_file,
+                        default_len=2048)
     rows = []
     for schedule, kind, folds in VARIANTS:
         stages_total = world if kind == "loop" else 2 * folds * world
@@ -56,7 +57,9 @@ def sweep(rank: int, world: int, args) -> list[tuple] | None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny-deepseek")
-    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--seq-len", type=int, help="prompt tokens (default 2048 random ids, or the text's length)")
+    p.add_argument("--prompt-file", help="a text prompt, tokenized with the model directory's tokenizer.json")
+    p.add_argument("--dtype", default="auto", help="auto (the checkpoint's torch_dtype) | float32 | bfloat16 | float16")
     p.add_argument("--chunk-size", type=int, default=256)
     p.add_argument("--pp", default="1,2,3,4", help="comma-separated PP degrees (spawned runs)")
     args = p.parse_args()

@@ -10,8 +10,7 @@ per rank, VPP). Both must produce the same first token.
 
 import argparse
 
-import torch
-
+from vpp.models import prompt_ids
 from vpp.models.registry import open_model
 from vpp.parallel import initialize_model_parallel, launch
 from vpp.schedules import forward_cpp_prefill, forward_vpp_prefill, make_layout
@@ -19,10 +18,11 @@ from vpp.schedules import forward_cpp_prefill, forward_vpp_prefill, make_layout
 
 def prefill(rank: int, world: int, args) -> None:
     groups = initialize_model_parallel(args.tp, args.pp, args.ep)
-    model = open_model(args.model or "tiny-qwen")  # a model directory, or the built-in tiny model
+    model = open_model(args.model or "tiny-qwen", dtype=args.dtype)  # a model directory, or the built-in tiny model
     config = model.config
 
-    prompt = torch.randint(0, config["vocab_size"], (args.seq_len,), generator=torch.Generator().manual_seed(0))
+    # random ids, or a text in the checkpoint's own tokenizer (repeated up to --seq-len when given)
+    prompt = prompt_ids(args.model or "tiny-qwen", config["vocab_size"], args.seq_len, args.prompt_file)
     first = {}
     for name, kind, run in (("cpp", "loop", forward_cpp_prefill), ("vpp", "v", forward_vpp_prefill)):
         stages = model.stages(make_layout(kind, model.num_layers, args.pp), groups)
@@ -41,7 +41,9 @@ if __name__ == "__main__":
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--ep", type=int, default=1, help="expert-parallel size (divides tp)")
-    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--seq-len", type=int, help="prompt tokens (default 4096 random ids, or the text's length)")
+    p.add_argument("--prompt-file", help="a text prompt, tokenized with the model directory's tokenizer.json")
+    p.add_argument("--dtype", default="auto", help="auto (the checkpoint's torch_dtype) | float32 | bfloat16 | float16")
     p.add_argument("--chunk-size", type=int, default=512)
     args = p.parse_args()
     launch(prefill, args.tp * args.pp, args)

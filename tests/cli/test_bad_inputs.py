@@ -33,7 +33,7 @@ CASES = [
     ("prefill --tp 3", 2, r"num_attention_heads=8 is not divisible by tp=3"),
     ("prefill --model tiny-glm --tp 3 --pp 1 --schedule cpp", 2, r"num_attention_heads=8 is not divisible by tp=3"),
     ("prefill --model tiny-glm --pp 4 --schedule vpp", 2, r"6 layers with stage starts \[0, 1, 3, 5\] allow 4 stages, 8 asked for"),
-    ("prefill --model /nonexistent", 2, r"--model /nonexistent: neither a built-in model .* nor a model directory"),
+    ("prefill --model /nonexistent", 2, r"unknown model '/nonexistent': give one of .* or a model directory"),
     ("prefill --model {only-config}", 2, r"neither model.safetensors nor model.safetensors.index.json"),
     ("prefill --model {llama}", 2, r"model_type='llama' is not supported"),
     ("prefill --model {broken}", 2, r"config.json: not valid JSON: .* line 1 column"),

@@ -1,5 +1,6 @@
 """The example scripts run as a model author would run them (spawned CPU ranks, tiny models)."""
 
+import os
 import pathlib
 import re
 import subprocess
@@ -13,7 +14,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _run(*args):
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    # a script's own directory comes first on its sys.path, not the cwd: point it at this checkout's vpp
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -53,3 +56,17 @@ def test_generate_command_json_and_stream():
     streamed = _run("-m", "vpp", "generate", "--seq-len", "64", "--chunk-size", "16", "--max-new-tokens", "5",
                     "--schedule", "cpp")
     assert streamed.split() == [str(t) for t in d["generated_ids"]]  # same greedy tokens, ids streamed
+
+
+def test_example_runs_an_fp8_checkpoint_on_a_text_prompt(tmp_path):
+    from tests.models.fp8_tiny import make_fp8_case
+    case = make_fp8_case("deepseek_v3", tmp_path)
+    (tmp_path / "prompt.txt").write_text("ranks stay busy when stages fold back in a V")
+    out = _run("examples/deepseek_prefill.py", "--model", case.path, "--prompt-file", str(tmp_path / "prompt.txt"),
+               "--seq-len", "40", "--chunk-size", "16", "--dtype", "float32")
+    # float32, whole prompt at once: the same next token as transformers on the dequantized weights
+    from transformers import AutoModelForCausalLM
+    from vpp.models import load_tokenizer, text_prompt
+    ids = text_prompt(load_tokenizer(case.path), "ranks stay busy when stages fold back in a V", 40)
+    ref = AutoModelForCausalLM.from_pretrained(case.dequantized_path).eval()(ids[None]).logits[0, -1]
+    assert re.search(rf"first generated token: {int(ref.argmax())};", out), out

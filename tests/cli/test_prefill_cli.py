@@ -1,7 +1,10 @@
-"""``vpp prefill`` end to end on spawned CPU ranks (toy model: fast), and its --check verdict."""
+"""``vpp prefill`` end to end on spawned CPU ranks (toy model: fast), its --check verdict, a tiny FP8
+checkpoint in the official layout at TP 2 x PP 2 with a text prompt, and the refusals that end the
+command before any rank starts (exit status 2, one line)."""
 
 import pytest
 import json
+import shutil
 import subprocess
 import sys
 
@@ -46,3 +49,68 @@ def test_check_failure_is_loud(capsys):
     assert "CHECK FAILED: logits of ['cpp'] differ" in capsys.readouterr().err
     rows[0].max_abs_diff = 1e-6
     assert report(rows, facts, cfg, as_json=False, atol=1e-3) == 0
+    rows[0].max_abs_diff = 0.5
+    cfg = BenchConfig(model="toy", check=True, dtype="bfloat16")
+    assert report(rows, facts, cfg, as_json=False, atol=0.25) == 1
+    assert "in bfloat16 a top-k of the MoE router or the DSA indexer can flip" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def fp8_dir(tmp_path_factory):
+    from tests.models.fp8_tiny import make_fp8_case
+    return make_fp8_case("deepseek_v3", tmp_path_factory.mktemp("fp8")).path
+
+
+def _refusal(capsys, *argv) -> str:
+    """``vpp prefill`` in this process: it must stop before launching ranks, with status 2."""
+    from vpp.cli import main
+    assert main(["prefill", "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vpp prefill: error: ") and "\n" not in err, err
+    return err
+
+
+def test_refusals_end_before_any_rank_starts(fp8_dir, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+    weight = "model.layers.1.mlp.experts.2.up_proj.weight"
+    no_scale = shutil.copytree(fp8_dir, tmp_path / "no_scale")
+    tensors = load_file(str(no_scale / "model.safetensors"))
+    del tensors[weight + "_scale_inv"]
+    save_file(tensors, str(no_scale / "model.safetensors"))
+    err = _refusal(capsys, "--model", str(no_scale), "--tp", "2")
+    assert f"{no_scale / 'model.safetensors'}: {weight} is F8_E4M3 without {weight}_scale_inv" in err
+    awq = shutil.copytree(fp8_dir, tmp_path / "awq")
+    cfg = json.loads((awq / "config.json").read_text())
+    (awq / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "awq"}}))
+    assert "quant_method='awq' is not supported" in _refusal(capsys, "--model", str(awq))
+    (awq / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "float64"}))
+    assert "torch_dtype='float64' is not a dtype vpp runs in" in _refusal(capsys, "--model", str(awq))
+    assert "unknown model 'no-such-model'" in _refusal(capsys, "--model", "no-such-model")
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("the model reads")
+    assert "a text prompt needs a model directory with tokenizer.json" in _refusal(
+        capsys, "--model", "tiny-qwen", "--prompt-file", str(prompt))
+    assert "cannot be read as a text prompt" in _refusal(capsys, "--model", fp8_dir, "--prompt-file",
+                                                         str(tmp_path / "missing.txt"))
+
+
+@pytest.mark.slow
+def test_fp8_checkpoint_tp2_pp2_with_a_text_prompt(fp8_dir, tmp_path):
+    from vpp.models import load_tokenizer, text_prompt
+    text = "the model reads each slice of its weights once and long prompts are cut into chunks"
+    (tmp_path / "prompt.txt").write_text(text)
+    logits_file = tmp_path / "logits.safetensors"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vpp", "prefill", "--model", fp8_dir, "--check", "--tp", "2", "--pp", "2",
+         "--seq-len", "64", "--chunk-size", "16", "--repeat", "1", "--no-warmup", "--no-progress", "--json",
+         "--prompt-file", str(tmp_path / "prompt.txt"), "--save-logits", str(logits_file)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["config"]["dtype"] == "bfloat16" and out["config"]["seq_len"] == 64  # the config's torch_dtype
+    # 8 bf16 ulps of the largest logit (see vpp/cli/prefill.py)
+    assert out["atol"] == pytest.approx(2.0 ** -4 * out["check"]["reference_max_abs"])
+    for row in out["rows"]:
+        assert row["max_abs_diff"] <= out["atol"], row
+    saved = load_file(str(logits_file))
+    assert saved["input_ids"].tolist() == text_prompt(load_tokenizer(fp8_dir), text, 64).tolist()

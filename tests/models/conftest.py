@@ -21,10 +21,20 @@ def hf_cases(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tp2_results(hf_cases):
+def fp8_cases(tmp_path_factory):
+    """model_type -> FP8Case: a tiny FP8 block-quantized checkpoint in the official layout, the same
+    model dequantized, and transformers' logits on the dequantized weights (tests/models/fp8_tiny.py)."""
+    from tests.models.fp8_tiny import make_fp8_case
+    from tests.models.hf_tiny import MODEL_TYPES
+    root = tmp_path_factory.mktemp("fp8")
+    return {t: make_fp8_case(t, root) for t in MODEL_TYPES}
+
+
+@pytest.fixture(scope="session")
+def tp2_results(hf_cases, fp8_cases):
     """Every TP = 2 check, from one spawned run of two ranks (see tests/models/tp2.py)."""
     from tests.models.tp2 import run_checks
     from vpp.parallel import run_distributed
-    results = run_distributed(run_checks, 2, list(hf_cases.values()), timeout=300)
+    results = run_distributed(run_checks, 2, list(hf_cases.values()), list(fp8_cases.values()), timeout=300)
     assert results[0].keys() == results[1].keys()
     return results

@@ -29,9 +29,10 @@ _MLA = dict(
 _DSA = dict(index_topk=INDEX_TOPK, index_n_heads=16, index_head_dim=16)
 
 
-def config(model_type: str, layers: int = 4, index_topk_freq: int = 2):
-    """``layers`` decoder layers; GLM-5 shares indexers every ``index_topk_freq``-th layer (1: none)."""
-    common = {**_COMMON, "num_hidden_layers": layers}
+def config(model_type: str, index_topk_freq: int = 2, **overrides):
+    """The tiny config of ``model_type``; ``overrides`` replace keys of the common part (widths, the
+    number of layers); GLM-5 shares indexers every ``index_topk_freq``-th layer (1: none)."""
+    common = {**_COMMON, **overrides}
     if model_type == "qwen3_moe":
         # one KV head: at TP = 2 each rank holds a replica of it; layer 0 is dense (mlp_only_layers)
         return tf.Qwen3MoeConfig(**common, num_attention_heads=4, num_key_value_heads=1, head_dim=16,

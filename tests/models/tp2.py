@@ -91,9 +91,28 @@ def attention_checks(tp) -> dict:
     return res
 
 
-def run_checks(rank, world_size, cases):
+def fp8_checks(cases, groups_by_ep) -> dict:
+    """FP8 block-quantized checkpoints (tests/models/fp8_tiny.py) in float32 at TP = 2: the whole model
+    with experts TP-sharded (ep = 1) and spread (ep = 2), and two pipeline stages (PP = 2)."""
+    from vpp.models import load_stage, stage_starts
+    res = {}
+    for case in cases:
+        ids, ref = case.prompts["a"], case.logits["a"]
+        for ep in (1, 2):
+            stage = load_stage(case.path, (0, 4), groups_by_ep[ep], dtype=torch.float32)
+            res[("fp8", case.model_type, ep)] = err(prefill(stage, ids, "a", 16), ref)
+        split = stage_starts(case.path)[-1]
+        first, last = (load_stage(case.path, r, groups_by_ep[2], dtype=torch.float32) for r in ((0, split), (split, 4)))
+        h = torch.cat([first(ids[s:s + 7], "a", s) for s in range(0, len(ids), 7)])
+        logits = torch.cat([last(h[s:s + 7], "a", s) for s in range(0, len(ids), 7)])
+        res[("fp8", case.model_type, "pipeline")] = err(logits, ref)
+    return res
+
+
+def run_checks(rank, world_size, cases, fp8_cases=()):
     torch.manual_seed(0)
     groups_by_ep = {ep: initialize_model_parallel(2, expert_model_parallel_size=ep) for ep in (1, 2)}
     res = attention_checks(groups_by_ep[1].tp)
     res.update(model_checks(cases, groups_by_ep))
+    res.update(fp8_checks(fp8_cases, groups_by_ep))
     return res

@@ -34,7 +34,7 @@ def references(tmp_path_factory):
     out = {}
     for model_type in MODEL_TYPES:
         for freq in ((2, 1) if model_type == "glm_moe_dsa" else (2,)):
-            m = model(model_type, layers=6, index_topk_freq=freq)
+            m = model(model_type, num_hidden_layers=6, index_topk_freq=freq)
             path = root / f"{model_type}-{freq}"
             m.save_pretrained(path)
             tokens = {}

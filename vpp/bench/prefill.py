@@ -43,7 +43,7 @@ class BenchConfig:
     partition: str = "rank"          # "rank": balanced per rank on the cost model (partition.py); "even"
     repeat: int = 3
     warmup: bool = True
-    dtype: str = "float32"
+    dtype: str = "auto"  # "auto": a model directory's config dtype, float32 for the built-in models
     seed: int = 0
     moe_dispatch: str = "allreduce"
     timeout_s: float = 600.0
@@ -53,6 +53,7 @@ class BenchConfig:
     # progress(label, chunks) -> a callback(chunks done) shown on global rank 0 (the CLI's bar), or None
     progress: Callable[[str, int], Callable[[int], None]] | None = None
     pin: bool = True
+    prompt: list[int] | None = None  # token ids (e.g. a tokenized text); None: seq_len random ids
 
 
 @dataclass
@@ -127,10 +128,13 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     """Run every schedule ``cfg.repeat`` times, interleaved; returns the rows and run facts."""
     if cfg.pin and groups.accelerator.kind == "cpu" and groups.sizes.world_size <= (os.cpu_count() or 1):
         os.sched_setaffinity(0, {groups.global_rank % (os.cpu_count() or 1)})
-    dtype = getattr(torch, cfg.dtype)
-    model = open_model(cfg.model, dtype=dtype, seed=cfg.seed, moe_dispatch=cfg.moe_dispatch)
+    model = open_model(cfg.model, dtype=cfg.dtype, seed=cfg.seed, moe_dispatch=cfg.moe_dispatch)
+    dtype = model.dtype
     vocab = int(model.config.get("vocab_size", 512))
-    prompt = torch.randint(0, vocab, (cfg.seq_len,), generator=torch.Generator().manual_seed(cfg.seed + 1))
+    if cfg.prompt is not None:
+        prompt = torch.tensor(cfg.prompt, dtype=torch.long)
+    else:
+        prompt = torch.randint(0, vocab, (cfg.seq_len,), generator=torch.Generator().manual_seed(cfg.seed + 1))
     layouts = {sched: layout_for(model, sched, groups.pp.size, cfg.folds, chunk=cfg.chunk_size, seq_len=cfg.seq_len,
                                  partition=cfg.partition) for sched in cfg.schedules}
     stages = {sched: model.stages(layouts[sched], groups) for sched in cfg.schedules}
@@ -219,6 +223,7 @@ def _check(groups: ParallelGroups, model, prompt, last_logits, rows) -> dict:
             row.max_abs_diff = float((got - ref).abs().max())
             result[row.schedule] = row.max_abs_diff
         result["reference_argmax"] = int(ref.argmax())
+        result["reference_max_abs"] = float(ref.abs().max())
     out = gather_all(groups, result)
     return out[0]
 

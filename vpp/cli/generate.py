@@ -70,13 +70,19 @@ class GenerateJob:
 def check(args) -> None:
     if args.top_p > 1:
         raise UsageError(f"argument --top-p: must lie in (0, 1], got {args.top_p}")
+    from vpp.models import check_model, text_prompt
+    try:
+        check_model(args.model, dtype=args.dtype)
+    except (ValueError, OSError) as exc:
+        raise UsageError(str(exc)) from None
     model = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=[args.schedule])
     args.tokenizer = _tokenizer(args)
     if args.prompt is not None or args.prompt_file is not None:
         text = args.prompt if args.prompt is not None else _read(args.prompt_file)
-        ids = args.tokenizer.encode(text)
-        if not ids:
-            raise UsageError("the prompt is empty after tokenisation")
+        try:
+            ids = text_prompt(args.tokenizer, text, vocab_size=int(model.config["vocab_size"])).tolist()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     else:
         import torch
         vocab = int(model.config["vocab_size"])
@@ -126,8 +132,7 @@ def _worker(rank: int, world: int, job: GenerateJob, has_tokenizer: bool):
     from vpp.runtime import Pipeline, Sampler, profile_planner
 
     groups = initialize_model_parallel(job.tp, job.pp)
-    dtype = None if job.dtype == "auto" else getattr(torch, job.dtype)
-    model = open_model(job.model, **({"dtype": dtype} if dtype is not None else {}))
+    model = open_model(job.model, dtype=job.dtype)
     stages = model.stages(layout_for(model, job.schedule, job.pp), groups)
     pipe = Pipeline(stages, groups, timeout_s=job.timeout_s)
     chunking = job.chunk_size

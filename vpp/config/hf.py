@@ -15,7 +15,12 @@ What it does, in order:
 4. derives, once, what every view needs and no file spells out the same way in every family:
    ``head_dim`` (Qwen3), ``mlp_layer_types`` ("dense" / "sparse" per layer, :func:`mlp_layer_types`),
    ``indexer_types`` ("full" / "shared" per layer for DSA models, :func:`indexer_types`), the expert
-   count under the family's own key, and ``rope_interleave`` for V3.2 / GLM-5.
+   count under the family's own key, and ``rope_interleave`` for V3.2 / GLM-5;
+5. reads ``quantization_config`` into ``quantization`` (:func:`quantization`: None, or FP8 block
+   quantization with its block size), refusing every other method in one line.
+
+:func:`config_dtype` gives the dtype the checkpoint was released in (``torch_dtype``, or ``dtype``
+as transformers 5 writes it): the dtype a model directory runs in unless the user says otherwise.
 
 Pure Python: no torch, no process group.
 """
@@ -88,9 +93,7 @@ def read_config(config: ConfigLike) -> Config:
     if isinstance(config, Mapping):
         raw, where = dict(config), "config"
     else:
-        path = Path(config)
-        if path.is_dir():
-            path = path / "config.json"
+        path = _config_file(Path(config))
         where = str(path)
         if not path.is_file():
             raise ConfigError(f"{where}: no such file (a model directory holds config.json and safetensors)")
@@ -109,11 +112,15 @@ def read_config(config: ConfigLike) -> Config:
     return raw
 
 
+def _config_file(path: Path) -> Path:
+    return path / "config.json" if path.is_dir() else path
+
+
 def model_config(config: ConfigLike) -> Config:
     """The normalised config (see the module docstring): raw keys, published defaults for the rest,
     derived keys. Idempotent: a normalised config passes through unchanged."""
     raw = read_config(config)
-    where = "config" if isinstance(config, Mapping) else str(config)
+    where = "config" if isinstance(config, Mapping) else str(_config_file(Path(config)))
     family = raw["model_type"]
     given = dict(raw)  # an explicit null stays null (q_lora_rank: no query compression)
     experts_key = "num_experts" if family == "qwen3_moe" else "n_routed_experts"
@@ -144,7 +151,64 @@ def model_config(config: ConfigLike) -> Config:
     if family in DSA_TYPES:
         cfg["indexer_types"] = indexer_types(cfg, where)
     cfg["mlp_layer_types"] = mlp_layer_types(cfg, where)
+    cfg["quantization"] = quantization(cfg, where)
     return cfg
+
+
+QUANT_METHODS = ("fp8",)
+_SUPPORTED_QUANT = ("supported: quant_method 'fp8' with fmt 'e4m3', activation_scheme 'dynamic' and "
+                    "weight_block_size [rows, cols] (float8_e4m3fn weights with per-block weight_scale_inv, "
+                    "as in the DeepSeek-V3/V3.1/V3.2 and Qwen3 FP8 releases), or no quantization_config")
+
+
+def quantization(cfg: Mapping[str, Any], where: str = "config") -> dict[str, Any] | None:
+    """The weight quantization ``quantization_config`` declares: None (unquantized weights), or
+    ``{"method": "fp8", "fmt": "e4m3", "weight_block_size": [bo, bi]}``: each quantized ``X.weight``
+    [out, in] is float8_e4m3fn and ``X.weight_scale_inv`` [ceil(out/bo), ceil(in/bi)] holds the factor
+    that multiplies block (i, j) back to the real weight. Which tensors are quantized is read from
+    the checkpoint (a weight with a scale partner), not from here. Activations are not quantized by
+    vpp: "dynamic" activation quantization is an inference kernel's choice, and a model dequantized
+    into bf16/fp32 computes the real weights' products. Every other method (awq, gptq,
+    compressed-tensors, bitsandbytes, ...), format, static activation scales or per-tensor scales
+    raise a :class:`ConfigError` naming the key and what is supported."""
+    qc = cfg.get("quantization_config")
+    if qc is None:
+        return None
+    if not isinstance(qc, Mapping):
+        raise ConfigError(f"{where}: quantization_config={qc!r} is not an object; {_SUPPORTED_QUANT}")
+    method = qc.get("quant_method")
+    if method not in QUANT_METHODS:
+        raise ConfigError(f"{where}: quantization_config.quant_method={method!r} is not supported; {_SUPPORTED_QUANT}")
+    fmt = qc.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise ConfigError(f"{where}: quantization_config.fmt={fmt!r} is not supported; {_SUPPORTED_QUANT}")
+    scheme = qc.get("activation_scheme", "dynamic")
+    if scheme != "dynamic":
+        raise ConfigError(f"{where}: quantization_config.activation_scheme={scheme!r} (static activation scales) "
+                          f"is not supported; {_SUPPORTED_QUANT}")
+    block = qc.get("weight_block_size")
+    if (not isinstance(block, (list, tuple)) or len(block) != 2
+            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in block)):
+        raise ConfigError(f"{where}: quantization_config.weight_block_size={block!r} is not two positive integers "
+                          f"(per-tensor or per-channel FP8 scales are not supported); {_SUPPORTED_QUANT}")
+    return {"method": method, "fmt": fmt, "weight_block_size": [int(block[0]), int(block[1])]}
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def config_dtype(cfg: Mapping[str, Any], where: str = "config") -> str | None:
+    """The dtype the checkpoint declares (``torch_dtype``, or ``dtype`` as transformers 5 writes it):
+    one of :data:`DTYPES`, or None when the config gives none."""
+    value = cfg.get("torch_dtype", cfg.get("dtype"))
+    if value is None:
+        return None
+    name = str(value).removeprefix("torch.")
+    if name not in DTYPES:
+        key = "torch_dtype" if "torch_dtype" in cfg else "dtype"
+        raise ConfigError(f"{where}: {key}={value!r} is not a dtype vpp runs in; supported: {', '.join(DTYPES)} "
+                          f"(or choose one with --dtype)")
+    return name
 
 
 def mlp_layer_types(cfg: Mapping[str, Any], where: str = "config") -> list[str]:

@@ -21,10 +21,11 @@ from vpp.models.blocks import Shapes, global_tensors
 from vpp.models.checkpoint import (
     RandomCheckpoint, SafetensorsCheckpoint, WeightSource, as_source, save_safetensors,
 )
+from vpp.models.safetensors_files import CheckpointError
 from vpp.models.stage import Stage
 from vpp.parallel.attention import RotaryEmbedding
 from vpp.parallel.groups import ParallelGroups
-from vpp.parallel.sharding import shard_spec_of
+from vpp.parallel.sharding import ReadSlice, Shard, SliceLoader, shard_spec_of
 
 FAMILIES = {t: family for family in (qwen3_moe, deepseek) for t in family.MODEL_TYPES}
 assert set(FAMILIES) == set(SUPPORTED_MODEL_TYPES)
@@ -84,10 +85,18 @@ def build_stage(config: ConfigLike, layer_range: tuple[int, int], groups: Parall
     return stage
 
 
-def load_stage(model_dir: str | Path, layer_range: tuple[int, int], groups: ParallelGroups,
-               **kwargs) -> Stage:
-    """:func:`build_stage` from ``model_dir/config.json``, loaded from the directory's safetensors."""
-    return build_stage(model_dir, layer_range, groups, weights=SafetensorsCheckpoint(model_dir), **kwargs)
+def load_stage(model_dir: str | Path, layer_range: tuple[int, int], groups: ParallelGroups, *,
+               dtype: torch.dtype | str = "auto", **kwargs) -> Stage:
+    """:func:`build_stage` from ``model_dir/config.json``, loaded from the directory's safetensors
+    (FP8 block-quantized weights dequantized slice by slice). ``dtype="auto"``: the config's
+    ``torch_dtype`` (float32 when it gives none)."""
+    cfg = model_config(model_dir)
+    if dtype == "auto":
+        dtype = getattr(torch, hf.config_dtype(cfg, str(Path(model_dir) / "config.json")) or "float32")
+    elif isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    weights = SafetensorsCheckpoint(model_dir, cfg["quantization"])
+    return build_stage(cfg, layer_range, groups, weights=weights, dtype=dtype, **kwargs)
 
 
 def random_checkpoint(config: ConfigLike, seed: int = 0) -> RandomCheckpoint:
@@ -103,14 +112,16 @@ def save_checkpoint(config: ConfigLike, get_tensor: Callable[[str], torch.Tensor
 @torch.no_grad()
 def load_weights(stage: Stage, source: WeightSource) -> None:
     """Load every parameter of ``stage`` from unsharded checkpoint tensors, reading only this rank's
-    slices. The MLP blocks (dense or MoE) load themselves (they know their experts' names)."""
+    slices, one at a time. The MLP blocks (dense or MoE) load themselves (they know their experts'
+    names) through the same reader."""
     cfg = stage.config
     expected = checkpoint_shapes(cfg, stage.layer_range)
-    check_names(cfg, stage.layer_range, expected, source.names())
+    check_names(cfg, stage.layer_range, expected, source.names(), source.where)
+    loader = SliceLoader(schema_reader(source, expected), f"stage {list(stage.layer_range)}")
     mlp_prefixes = []
     for i, layer in zip(range(*stage.layer_range), stage.model.layers.values()):
         prefix = f"model.layers.{i}.mlp."
-        layer.mlp.load_checkpoint(_checked(source, expected), prefix)
+        layer.mlp.load_checkpoint(loader.read, prefix)
         mlp_prefixes.append(prefix)
     for name, param in stage.named_parameters():
         if name.startswith(tuple(mlp_prefixes)):
@@ -118,23 +129,28 @@ def load_weights(stage: Stage, source: WeightSource) -> None:
         ckpt = "model.embed_tokens.weight" if name == "lm_head.weight" and cfg.get("tie_word_embeddings") else name
         if ckpt not in expected:
             raise KeyError(f"parameter {name} has no checkpoint tensor in the model's schema")
-        spec = shard_spec_of(stage, name)
-        local = source.read(ckpt, spec)
-        if local.shape != param.shape:
-            raise ValueError(f"{ckpt}: checkpoint tensor {tuple(expected[ckpt])} gives a shard of "
-                             f"{tuple(local.shape)}, but the parameter is {tuple(param.shape)}")
-        param.copy_(local)
+        loader.copy(param, ckpt, shard_spec_of(stage, name))
+    loader.finish()
 
 
-def _checked(source: WeightSource, expected: Shapes) -> Callable[[str], torch.Tensor]:
-    def get(name: str) -> torch.Tensor:
+def schema_reader(source: WeightSource, expected: Shapes) -> ReadSlice:
+    """``read(name, shard)`` over ``source`` for the tensors of the model's schema ``expected``:
+    the full shape (from the file's header where the source knows it) must be the schema's."""
+    available = source.names()
+
+    def read(name: str, shard: Shard | None) -> torch.Tensor:
         if name not in expected:
-            raise KeyError(f"{name} is read by the MLP block but not in the model's schema")
-        return source(name)
-    return get
+            raise ValueError(f"{name} is read by the MLP block but not in the model's schema")
+        shape = source.shape(name) if available is None or name in available else None
+        if shape is not None and tuple(shape) != tuple(expected[name]):
+            raise CheckpointError(f"{source.where}: {name} has shape {list(shape)}, the config describes "
+                                  f"{list(expected[name])}")
+        return source.read(name, shard)
+    return read
 
 
-def check_names(cfg: Config, layer_range: tuple[int, int], expected: Shapes, available: set[str] | None) -> None:
+def check_names(cfg: Config, layer_range: tuple[int, int], expected: Shapes, available: set[str] | None,
+                where: object = "checkpoint") -> None:
     """Missing: expected tensors of this stage that the checkpoint lacks. Unexpected: checkpoint
     tensors of this stage's layers (or outside any layer) that the model does not have. Layers past
     num_hidden_layers are DeepSeek's multi-token-prediction modules, which prefill does not use."""
@@ -158,7 +174,7 @@ def check_names(cfg: Config, layer_range: tuple[int, int], expected: Shapes, ava
             unexpected.append(name)
     missing = sorted(set(expected) - available)
     if missing or unexpected:
-        raise ValueError(f"checkpoint does not match {cfg['model_type']} layers [{start}, {end}): "
+        raise CheckpointError(f"{where}: checkpoint does not match {cfg['model_type']} layers [{start}, {end}): "
                          f"{_listing(missing)} missing, {_listing(sorted(unexpected))} unexpected")
 
 

@@ -3,8 +3,9 @@ slices of them, that its stage, TP shard and experts need), random weights, and 
 
 A *weight source* maps a checkpoint name to the full, unsharded tensor (``source(name)``) and can
 read just a shard of it (``source.read(name, shard)``): :class:`SafetensorsCheckpoint` reads slices
-from disk with ``safe_open(...).get_slice``; any plain ``Callable[[str], Tensor]`` (such as
-:func:`random_checkpoint`) narrows the full tensor.
+from disk with ``safe_open(...).get_slice`` (dequantizing FP8 block-quantized weights slice by
+slice); any plain ``Callable[[str], Tensor]`` (such as :func:`random_checkpoint`) narrows the full
+tensor.
 """
 
 from __future__ import annotations
@@ -18,18 +19,32 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from vpp.config import quantization, read_config
+from vpp.models import fp8
+from vpp.models.safetensors_files import FLOAT_DTYPES, CheckpointError, TensorInfo, read_header, read_index
 from vpp.parallel.sharding import Shard
+
+SCALE = "_scale_inv"  # X.weight_scale_inv: the block scales of the FP8 weight X.weight
+SUPPORTED_WEIGHTS = ("supported: bf16/fp16/fp32 weights, or FP8 block-quantized ones (float8_e4m3fn X.weight with "
+                     "float32 X.weight_scale_inv and quantization_config.quant_method 'fp8' in config.json)")
 
 Shapes = dict[str, tuple[int, ...]]
 
 
 class WeightSource:
-    """Full checkpoint tensors by name; ``names()`` is None when the source cannot list them."""
+    """Full checkpoint tensors by name; ``names()`` is None when the source cannot list them,
+    ``shape(name)`` None when it cannot tell a tensor's shape without reading it. ``where`` names
+    the source in errors."""
+
+    where = "checkpoint"
 
     def __call__(self, name: str) -> torch.Tensor:
         raise NotImplementedError
 
     def names(self) -> set[str] | None:
+        return None
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
         return None
 
     def read(self, name: str, shard: Shard | None = None) -> torch.Tensor:
@@ -50,48 +65,141 @@ def as_source(weights: Callable[[str], torch.Tensor]) -> WeightSource:
 
 
 class SafetensorsCheckpoint(WeightSource):
-    """``model.safetensors``, or ``model.safetensors.index.json`` and the shards it names."""
+    """The safetensors of a model directory (``model.safetensors``, or ``model.safetensors.index.json``
+    and the shards it names), read by slice.
 
-    def __init__(self, model_dir: str | Path):
+    FP8 block-quantized weights (see :mod:`vpp.models.fp8`) are recognised from the files: a tensor
+    ``X.weight`` with a partner ``X.weight_scale_inv``. :meth:`read` returns their real values
+    (float32) for just the slice asked for, reading only that slice of the FP8 data and the scale
+    blocks that cover it; other tensors come back in their file dtype. The block size comes from
+    ``quantization`` (:func:`vpp.config.quantization`; by default read from the directory's
+    ``config.json``). Layouts vpp cannot load raise a :class:`CheckpointError` naming the file and
+    tensor: int8 weights with ``weight_scale`` / ``weight_offset`` (Ascend W8A8), any integer
+    weight, a float8 weight without its scale, a scale of the wrong shape or dtype, scales without a
+    ``quantization_config``.
+
+    ``bytes_read[name]`` counts the bytes of tensor data taken from the files per tensor (slices and
+    scale windows included, headers not): the instrument behind the reads-per-rank test.
+    """
+
+    def __init__(self, model_dir: str | Path, quantization: dict | None | str = "config"):
         self.dir = Path(model_dir)
-        index = self.dir / "model.safetensors.index.json"
-        if index.is_file():
-            self.files = dict(json.loads(index.read_text())["weight_map"])
-        elif (self.dir / "model.safetensors").is_file():
-            with safe_open(self.dir / "model.safetensors", "pt") as f:
-                self.files = {name: "model.safetensors" for name in f.keys()}
-        else:
-            raise FileNotFoundError(f"{self.dir} has neither model.safetensors nor model.safetensors.index.json")
+        self.where = str(self.dir)
+        self.files = read_index(self.dir)
+        if quantization == "config":
+            quantization = _config_quantization(self.dir)
+        self.quantization = quantization
+        self.bytes_read: dict[str, int] = {}
+        self._headers: dict[str, dict[str, TensorInfo]] = {}
         self._open: dict[str, object] = {}
+        self._checked: set[str] = set()
+        self._scales = {n: n + SCALE for n in self.files if n + SCALE in self.files}
+        ascend = sorted(n for n in self.files if n.endswith((".weight_scale", ".weight_offset")))
+        if ascend:
+            raise CheckpointError(
+                f"{self.dir / self.files[ascend[0]]}: {ascend[0]} ({len(ascend)} weight_scale/weight_offset tensors): "
+                f"int8 weights with per-channel scales and offsets (the Ascend W8A8 layout) are not supported; "
+                f"{SUPPORTED_WEIGHTS}")
 
     def names(self) -> set[str]:
-        return set(self.files)
+        """Every tensor of the checkpoint except the scales of quantized weights (read with them)."""
+        return set(self.files) - set(self._scales.values())
 
-    def _handle(self, name: str):
+    def info(self, name: str) -> TensorInfo:
+        """dtype and shape of ``name`` as its file's header declares them (no data read)."""
         if name not in self.files:
             raise KeyError(f"{name} is not in the checkpoint at {self.dir}")
         file = self.files[name]
+        if file not in self._headers:
+            self._headers[file] = read_header(self.dir / file, file)
+        header = self._headers[file]
+        if name not in header:
+            raise CheckpointError(f"{self.dir / file}: does not hold {name}, which the index places there")
+        return header[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.info(name).shape
+
+    def is_quantized(self, name: str) -> bool:
+        return name in self._scales
+
+    def check(self, name: str) -> None:
+        """Refuse a tensor vpp cannot load (see the class docstring), from the headers only."""
+        if name in self._checked:
+            return
+        info, where = self.info(name), self.dir / self.files[name]
+        scale = self._scales.get(name)
+        if scale is not None:
+            self._check_quantized(name, info, scale)
+        elif info.dtype.startswith("F8_"):
+            raise CheckpointError(f"{where}: {name} is {info.dtype} without {name}{SCALE} (its block scales): loaded "
+                                  f"unscaled its values would be wrong; {SUPPORTED_WEIGHTS}")
+        elif info.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"{where}: {name} has dtype {info.dtype}: integer-quantized weights are not "
+                                  f"supported; {SUPPORTED_WEIGHTS}")
+        self._checked.add(name)
+
+    def _check_quantized(self, name: str, info: TensorInfo, scale: str) -> None:
+        where, sinfo = self.dir / self.files[name], self.info(scale)
+        swhere = self.dir / self.files[scale]
+        if self.quantization is None:
+            raise CheckpointError(f"{swhere}: {scale} is a block scale, but {self.dir / 'config.json'} has no "
+                                  f"quantization_config giving weight_block_size; {SUPPORTED_WEIGHTS}")
+        if info.dtype != "F8_E4M3" or len(info.shape) != 2:
+            raise CheckpointError(f"{where}: {name} ({info.dtype} {list(info.shape)}) has a block scale {scale}, but "
+                                  f"quantized weights must be 2-d F8_E4M3 (float8_e4m3fn); {SUPPORTED_WEIGHTS}")
+        block = self.quantization["weight_block_size"]
+        want = fp8.scale_shape(info.shape, block)
+        if sinfo.dtype not in FLOAT_DTYPES + ("F8_E8M0",) or sinfo.shape != want:
+            raise CheckpointError(f"{swhere}: {scale} is {sinfo.dtype} {list(sinfo.shape)}, but {name} "
+                                  f"{list(info.shape)} with weight_block_size {block} needs a float "
+                                  f"{list(want)} (ceil(out/{block[0]}), ceil(in/{block[1]}))")
+
+    def validate(self) -> dict[str, int]:
+        """Read every file's header and :meth:`check` every tensor: what a model directory's files can
+        be refused for, without reading tensor data. Returns counts (tensors, quantized, bytes)."""
+        names = self.names()
+        for name in sorted(names):
+            self.check(name)
+        return {"tensors": len(names), "quantized": len(self._scales),
+                "bytes": sum(self.info(n).nbytes for n in self.files)}
+
+    def _slice(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
+        file = self.files[name]
         if file not in self._open:
             self._open[file] = safe_open(self.dir / file, "pt")
-        return self._open[file]
+        part = self._open[file].get_slice(name)[index]
+        self.bytes_read[name] = self.bytes_read.get(name, 0) + part.numel() * part.element_size()
+        return part
 
     def __call__(self, name: str) -> torch.Tensor:
-        return self._handle(name).get_tensor(name)
+        return self.read(name)
 
     def read(self, name: str, shard: Shard | None = None) -> torch.Tensor:
-        if shard is None:
-            return self(name)
-        part = self._handle(name).get_slice(name)
-        shape = part.get_shape()
-        start, end = shard.local_range(shape[shard.dim])
-        index = tuple(slice(start, end) if d == shard.dim else slice(None) for d in range(len(shape)))
-        local = part[index]
-        missing = shard.local_size(shape[shard.dim]) - (end - start)
-        if missing:  # padded vocabulary rows
-            pad = list(local.shape)
-            pad[shard.dim] = missing
-            local = torch.cat([local, local.new_zeros(pad)], dim=shard.dim)
+        self.check(name)
+        shape = self.info(name).shape
+        ranges = [(0, n) for n in shape]
+        if shard is not None:
+            ranges[shard.dim] = shard.local_range(shape[shard.dim])
+        local = self._slice(name, tuple(slice(a, b) for a, b in ranges))
+        if name in self._scales:
+            block = self.quantization["weight_block_size"]
+            windows = [fp8.scale_window(a, b, k) for (a, b), k in zip(ranges, block)]
+            scales = self._slice(self._scales[name], tuple(slice(a, b) for a, b in windows))
+            local = fp8.dequantize(local, scales, block, (ranges[0][0], ranges[1][0]))
+        if shard is not None:
+            missing = shard.local_size(shape[shard.dim]) - (ranges[shard.dim][1] - ranges[shard.dim][0])
+            if missing:  # padded vocabulary rows
+                pad = list(local.shape)
+                pad[shard.dim] = missing
+                local = torch.cat([local, local.new_zeros(pad)], dim=shard.dim)
         return local
+
+
+def _config_quantization(model_dir: Path) -> dict | None:
+    if not (model_dir / "config.json").is_file():
+        return None
+    return quantization(read_config(model_dir), str(model_dir / "config.json"))
 
 
 class RandomCheckpoint(WeightSource):
@@ -104,6 +212,9 @@ class RandomCheckpoint(WeightSource):
 
     def names(self) -> set[str]:
         return set(self.shapes)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        return tuple(self.shapes[name]) if name in self.shapes else None
 
     def __call__(self, name: str) -> torch.Tensor:
         if name not in self.shapes:

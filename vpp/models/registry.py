@@ -1,5 +1,9 @@
 """Opening a model by name or path: the built-in tiny models, the toy model, or a Hugging Face
-model directory. One place that the CLI, the examples and the benchmarks share."""
+model directory. One place that the CLI, the examples and the benchmarks share.
+
+dtype: ``"auto"`` runs a model directory in the dtype its config declares (``torch_dtype``: bf16 for
+the DeepSeek, GLM and Qwen releases; FP8 block-quantized weights are dequantized into it) and the
+built-in models in float32; a torch dtype (or its name) overrides it."""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ from typing import Callable
 
 import torch
 
-from vpp.config import SUPPORTED_MODEL_TYPES
+from vpp.config import DTYPES, SUPPORTED_MODEL_TYPES, config_dtype, model_config
+from vpp.models.model_dir import check_model_dir
 from vpp.parallel.grid import GridSizes
 from vpp.parallel.groups import ParallelGroups
 
@@ -25,6 +30,7 @@ class ModelSource:
     stage_starts: tuple[int, ...]
     build: Callable[[tuple[int, int], ParallelGroups], torch.nn.Module]
     config: dict
+    dtype: torch.dtype = torch.float32
 
     def layout(self, kind: str, pp: int, folds: int = 1):
         """A ``kind`` layout ("loop", "v", "interleaved") of this model on ``pp`` ranks, stages as even
@@ -54,16 +60,44 @@ class ModelSource:
                 build_stage(self.config, layout.stage_layers[s], groups, device="meta")
 
 
-def open_model(spec: str, *, dtype: torch.dtype = torch.float32, seed: int = 0,
+def resolve_dtype(spec: str, dtype: torch.dtype | str = "auto") -> torch.dtype:
+    """The dtype ``spec`` runs in: ``dtype`` itself, or for ``"auto"`` the model directory's config
+    dtype (float32 when it declares none, and for the built-in models)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not one of auto, {', '.join(DTYPES)}")
+        return getattr(torch, dtype)
+    if spec in BUILTIN or not os.path.isdir(spec):
+        return torch.float32
+    return getattr(torch, config_dtype(model_config(spec), os.path.join(spec, "config.json")) or "float32")
+
+
+def check_model(spec: str, *, dtype: torch.dtype | str = "auto") -> None:
+    """What a launcher checks in its parent process before starting ranks: a built-in name, or a
+    model directory that :func:`vpp.models.check_model_dir` accepts. Raises ValueError (ConfigError,
+    CheckpointError) with one line naming the file and key or tensor."""
+    if spec in BUILTIN:
+        return
+    if not os.path.isdir(spec):
+        raise ValueError(f"unknown model {spec!r}: give one of {list(BUILTIN)} or a model directory "
+                         f"(config.json + safetensors)")
+    check_model_dir(spec, dtype=dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch."))
+
+
+def open_model(spec: str, *, dtype: torch.dtype | str = "auto", seed: int = 0,
                moe_dispatch: str = "allreduce") -> ModelSource:
-    """``spec`` is one of :data:`BUILTIN` or a model directory (config.json + safetensors)."""
+    """``spec`` is one of :data:`BUILTIN` or a model directory (config.json + safetensors); ``dtype``
+    as :func:`resolve_dtype` (``ModelSource.dtype`` is the one chosen)."""
+    dtype = resolve_dtype(spec, dtype)
     if spec == "toy":
         from vpp.models.toy import ToyStage
         n = 8
         return ModelSource("toy", n, tuple(range(n)),
                            lambda r, g: ToyStage(r, n, hidden_size=64, vocab_size=512, seed=seed, dtype=dtype),
-                           {"model_type": "toy", "num_hidden_layers": n})
-    from vpp.models import build_stage, load_stage, model_config, random_checkpoint, stage_starts
+                           {"model_type": "toy", "num_hidden_layers": n}, dtype)
+    from vpp.models import build_stage, load_stage, random_checkpoint, stage_starts
     if spec in BUILTIN:
         from vpp.models.tiny import TINY_CONFIGS
         cfg = model_config(TINY_CONFIGS[spec])
@@ -79,7 +113,7 @@ def open_model(spec: str, *, dtype: torch.dtype = torch.float32, seed: int = 0,
     else:
         raise ValueError(f"unknown model {spec!r}: give one of {list(BUILTIN)} or a model directory "
                          f"(config.json + safetensors)")
-    return ModelSource(spec, cfg["num_hidden_layers"], tuple(stage_starts(cfg)), build, dict(cfg))
+    return ModelSource(spec, cfg["num_hidden_layers"], tuple(stage_starts(cfg)), build, dict(cfg), dtype)
 
 
 def snap_partition(num_layers: int, num_stages: int, starts: tuple[int, ...]) -> list[int]:

@@ -9,6 +9,6 @@ from vpp.parallel.grid import GridSizes, coordinates, rank_groups
 from vpp.parallel.groups import Group, ParallelGroups, build_groups, get_default_groups, initialize_model_parallel
 from vpp.parallel.launch import RankFailure, init_distributed, launch, launched_by_torchrun, run_distributed
 from vpp.parallel.layers import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
-from vpp.parallel.sharding import Shard, load_param, load_state
+from vpp.parallel.sharding import ReadSlice, Shard, SliceLoader, load_param, load_state, narrowing
 
 __all__ = [name for name in dir() if not name.startswith("_")]

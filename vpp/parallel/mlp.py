@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from torch import nn
 
 from vpp.parallel.groups import Group
 from vpp.parallel.layers import ColumnParallelLinear, RowParallelLinear
 from vpp.parallel.moe_config import ACTIVATIONS
-from vpp.parallel.sharding import load_param
-
-GetTensor = Callable[[str], torch.Tensor]
+from vpp.parallel.sharding import ReadSlice, SliceLoader, shard_spec_of
 
 
 class DenseMLP(nn.Module):
@@ -42,24 +38,15 @@ class DenseMLP(nn.Module):
     def checkpoint_names(self, prefix: str = "") -> list[str]:
         return [f"{prefix}{name}" for name, _ in self.named_parameters()]
 
-    @torch.no_grad()
-    def load_checkpoint(self, get_tensor: GetTensor, prefix: str = "") -> None:
-        """Load from unsharded tensors ``get_tensor(prefix + "gate_proj.weight")`` etc., each narrowed
-        to this rank's shard. Missing tensors raise a KeyError that names them all."""
-        full = read_tensors(get_tensor, self.checkpoint_names(prefix), f"DenseMLP at {prefix!r}")
-        for name, _ in self.named_parameters():
-            load_param(self, name, full[prefix + name])
+    def load_checkpoint(self, read: ReadSlice, prefix: str = "") -> None:
+        """Load this rank's shards, ``read(prefix + "gate_proj.weight", shard)`` etc.: each tensor's
+        slice is read and copied before the next is read. Missing tensors raise a KeyError that names
+        them all."""
+        loader = SliceLoader(read, f"DenseMLP at {prefix!r}")
+        self.load_into(loader, prefix)
+        loader.finish()
 
-
-def read_tensors(get_tensor: GetTensor, names: list[str], what: str) -> dict[str, torch.Tensor]:
-    """``{name: get_tensor(name)}``; a KeyError naming every missing tensor when any is missing."""
-    found, missing = {}, []
-    for name in names:
-        try:
-            found[name] = get_tensor(name)
-        except KeyError:
-            missing.append(name)
-    if missing:
-        shown = ", ".join(missing[:6]) + (f", ... ({len(missing) - 6} more)" if len(missing) > 6 else "")
-        raise KeyError(f"{what}: checkpoint is missing {len(missing)} of {len(names)} tensors: {shown}")
-    return found
+    def load_into(self, loader: SliceLoader, prefix: str = "") -> None:
+        """Queue this block's tensors on ``loader`` (the MoE loads its shared expert this way)."""
+        for name, param in self.named_parameters():
+            loader.copy(param, prefix + name, shard_spec_of(self, name))

@@ -36,7 +36,7 @@ parallelism) or the EP group crosses nodes.
 Loading. Unsharded Hugging Face checkpoints store experts one by one (``experts.{e}.gate_proj.weight``,
 ``.up_proj.weight``, ``.down_proj.weight``), the router as ``gate.weight`` (+ ``gate.e_score_correction_bias``)
 and the shared expert as ``shared_experts.{gate,up,down}_proj.weight``; :meth:`MoE.load_checkpoint`
-reads only this rank's experts and narrows them to its etp shard.
+reads only this rank's experts, and of each only its etp slice, one tensor slice at a time.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ from torch import nn
 
 from vpp.parallel.comm import all_to_all, gather_from_tp, reduce_from_tp
 from vpp.parallel.groups import ParallelGroups
-from vpp.parallel.mlp import DenseMLP, GetTensor, read_tensors
+from vpp.parallel.mlp import DenseMLP
 from vpp.parallel.moe_config import ACTIVATIONS, MoEConfig
 from vpp.parallel.router import Router
-from vpp.parallel.sharding import Shard
+from vpp.parallel.sharding import ReadSlice, Shard, SliceLoader
 
 DISPATCH = ("allreduce", "alltoall")
 
@@ -180,26 +180,26 @@ class MoE(nn.Module):
             names += self.shared_experts.checkpoint_names(f"{prefix}shared_experts.")
         return names
 
-    @torch.no_grad()
-    def load_checkpoint(self, get_tensor: GetTensor, prefix: str = "") -> None:
-        """Load this rank's router, experts (narrowed to its etp shard) and shared-expert shard from
-        unsharded tensors ``get_tensor(prefix + name)``. Only this rank's experts are read; missing
-        tensors raise a KeyError naming them all."""
-        full = read_tensors(get_tensor, self.checkpoint_names(prefix), f"MoE at {prefix!r}")
+    def load_checkpoint(self, read: ReadSlice, prefix: str = "") -> None:
+        """Load this rank's router, experts and shared-expert shard: ``read(prefix + name, shard)``
+        gives the rows (gate, up) or columns (down) of its etp slice of each local expert, copied in
+        place before the next slice is read. Only this rank's experts are read; missing tensors raise
+        a KeyError naming them all."""
         cfg, etp = self.cfg, self.groups.etp
-        h, inter = cfg.hidden_size, cfg.moe_intermediate_size
-        _copy(self.gate.weight, full, f"{prefix}gate.weight", (cfg.num_experts, h))
+        loader = SliceLoader(read, f"MoE at {prefix!r}")
+        loader.copy(self.gate.weight, f"{prefix}gate.weight")
         if cfg.correction_bias:
-            _copy(self.gate.e_score_correction_bias, full, f"{prefix}gate.e_score_correction_bias", (cfg.num_experts,))
+            loader.copy(self.gate.e_score_correction_bias, f"{prefix}gate.e_score_correction_bias")
         rows, cols = Shard(0, etp.rank, etp.size), Shard(1, etp.rank, etp.size)
+        inter = self.experts.local_intermediate
         for i, e in enumerate(self.local_experts()):
             name = f"{prefix}experts.{e}."
-            gate = rows.narrow(_checked(full, f"{name}gate_proj.weight", (inter, h)))
-            up = rows.narrow(_checked(full, f"{name}up_proj.weight", (inter, h)))
-            self.experts.gate_up_proj[i].copy_(torch.cat([gate, up]))
-            self.experts.down_proj[i].copy_(cols.narrow(_checked(full, f"{name}down_proj.weight", (h, inter))))
+            loader.copy(self.experts.gate_up_proj[i, :inter], f"{name}gate_proj.weight", rows)
+            loader.copy(self.experts.gate_up_proj[i, inter:], f"{name}up_proj.weight", rows)
+            loader.copy(self.experts.down_proj[i], f"{name}down_proj.weight", cols)
         if self.shared_experts is not None:
-            self.shared_experts.load_checkpoint(full.__getitem__, f"{prefix}shared_experts.")
+            self.shared_experts.load_into(loader, f"{prefix}shared_experts.")
+        loader.finish()
 
     def extra_repr(self) -> str:
         g = self.groups
@@ -222,16 +222,6 @@ def gather_rows(x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
     padded[:x.shape[0]] = x
     parts = gather_from_tp(padded, group, dim=0).split(longest)
     return torch.cat([part[:n] for part, n in zip(parts, sizes)])
-
-
-def _checked(full: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    if tuple(full[name].shape) != shape:
-        raise ValueError(f"{name}: checkpoint shape {tuple(full[name].shape)}, expected {shape}")
-    return full[name]
-
-
-def _copy(param: torch.Tensor, full: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> None:
-    param.copy_(_checked(full, name, shape))
 
 
 __all__ = ["MoE", "MoEConfig", "DenseMLP", "GroupedExperts", "Router", "token_split", "gather_rows", "DISPATCH"]

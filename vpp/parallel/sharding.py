@@ -4,6 +4,11 @@ rank's shard at load time (any TP/EP/PP layout loads the same files).
 A module that shards parameters lists them in ``self.shard_specs: dict[str, Shard]`` (local
 parameter name -> :class:`Shard`); parameters it does not list are replicated. The spec lives on the
 module, never on the tensor.
+
+Modules that load themselves from a checkpoint (the MLP blocks) take a :data:`ReadSlice`,
+``read(name, shard)``: this rank's slice of the unsharded checkpoint tensor ``name`` (the whole
+tensor for ``shard=None``). A checkpoint reader passes one that reads just the slice from disk;
+:func:`narrowing` turns any name -> full tensor callable into one (tests, random weights).
 """
 
 from __future__ import annotations
@@ -55,6 +60,46 @@ class Shard:
             pad_shape[self.dim] = missing
             part = torch.cat([part, full.new_zeros(pad_shape)], dim=self.dim)
         return part
+
+
+ReadSlice = Callable[[str, "Shard | None"], torch.Tensor]
+
+
+def narrowing(get_tensor: Callable[[str], torch.Tensor]) -> ReadSlice:
+    """A :data:`ReadSlice` over whole tensors ``get_tensor(name)``, narrowed in memory."""
+    def read(name: str, shard: Shard | None) -> torch.Tensor:
+        full = get_tensor(name)
+        return full if shard is None else shard.narrow(full)
+    return read
+
+
+class SliceLoader:
+    """Copies checkpoint slices into parameters one at a time (the host holds one slice at once),
+    and collects the names of missing tensors so that :meth:`finish` raises one KeyError naming
+    them all. ``what`` names the block in errors."""
+
+    def __init__(self, read: ReadSlice, what: str):
+        self.read, self.what = read, what
+        self.missing: list[str] = []
+        self.names: list[str] = []
+
+    @torch.no_grad()
+    def copy(self, dest: torch.Tensor, name: str, shard: Shard | None = None) -> None:
+        self.names.append(name)
+        try:
+            local = self.read(name, shard)
+        except KeyError:
+            self.missing.append(name)
+            return
+        if local.shape != dest.shape:
+            where = "" if shard is None else f" (slice {shard.index} of {shard.parts} along dim {shard.dim})"
+            raise ValueError(f"{name}: checkpoint gives {tuple(local.shape)}{where}, expected {tuple(dest.shape)}")
+        dest.copy_(local)
+
+    def finish(self) -> None:
+        if self.missing:
+            shown = ", ".join(self.missing[:6]) + (f", ... ({len(self.missing) - 6} more)" if len(self.missing) > 6 else "")
+            raise KeyError(f"{self.what}: checkpoint is missing {len(self.missing)} of {len(self.names)} tensors: {shown}")
 
 
 def shard_spec_of(model: nn.Module, param_name: str) -> Shard | None:

@@ -1,0 +1,139 @@
+"""The files of a model directory, read from their metadata only: the shard index and each safetensors
+file's header (tensor names, dtypes, shapes, byte ranges), with one-line errors naming the file.
+
+A safetensors file is an 8-byte little-endian header length N, N bytes of JSON
+(``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``) and the tensor
+data, with offsets relative to the end of the header. :func:`read_header` reads the first 8 + N
+bytes, never the data, and checks that the file is long enough for every tensor it declares (a
+truncated download), that the header is JSON of that form (a garbage file) and that each tensor's
+byte range matches its dtype and shape.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class CheckpointError(ValueError):
+    """A model directory whose files vpp cannot load; the message is one line naming the file and
+    tensor, what was found and what is supported."""
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+# safetensors dtype -> bytes per element
+DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+               "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+_MAX_HEADER = 100 << 20  # the safetensors library's own limit on the header size
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as a header declares it."""
+
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
+
+
+def read_header(path: Path, name: str) -> dict[str, TensorInfo]:
+    """Tensor name -> :class:`TensorInfo` of the safetensors file ``path`` (``name``: the file's name
+    in the model directory). Raises :class:`CheckpointError` for a file that is not a complete
+    safetensors file."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: not a safetensors file ({size} bytes, shorter than the 8-byte header "
+                                      f"length)")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, _MAX_HEADER):
+                raise CheckpointError(f"{path}: not a safetensors file, or truncated: it declares a {n}-byte header "
+                                      f"but holds {size} bytes")
+            raw = f.read(n)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not a safetensors file: its header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: not a safetensors file: its header is a JSON {type(header).__name__}")
+    data = size - 8 - n
+    out, end = {}, 0
+    for tensor, entry in header.items():
+        if tensor == "__metadata__":
+            continue
+        info, (begin, stop) = _entry(path, tensor, entry, name)
+        if stop - begin != info.nbytes:
+            raise CheckpointError(f"{path}: {tensor} declares {stop - begin} bytes of data, but {info.dtype} "
+                                  f"{list(info.shape)} needs {info.nbytes}")
+        out[tensor], end = info, max(end, stop)
+    if end > data:
+        raise CheckpointError(f"{path}: truncated: its header declares {end} bytes of tensor data, the file holds "
+                              f"{data} (re-download it)")
+    return out
+
+
+def _entry(path: Path, tensor: str, entry, name: str) -> tuple[TensorInfo, tuple[int, int]]:
+    try:
+        dtype, shape, (begin, stop) = entry["dtype"], entry["shape"], entry["data_offsets"]
+        ok = (dtype in DTYPE_SIZES and all(isinstance(d, int) and d >= 0 for d in shape)
+              and isinstance(begin, int) and isinstance(stop, int) and 0 <= begin <= stop)
+    except (TypeError, KeyError, ValueError):
+        ok = False
+    if not ok:
+        raise CheckpointError(f"{path}: not a safetensors file: bad header entry for {tensor!r}: {str(entry)[:120]}")
+    return TensorInfo(name, dtype, tuple(shape)), (begin, stop)
+
+
+def read_index(model_dir: Path) -> dict[str, str]:
+    """Tensor name -> file name: from ``model.safetensors.index.json``'s ``weight_map`` when the
+    directory has one, else every tensor of ``model.safetensors``. Every file must lie inside the
+    directory and exist."""
+    index = model_dir / INDEX
+    if not index.is_file():
+        single = model_dir / SINGLE
+        if not single.is_file():
+            raise CheckpointError(f"{model_dir}: has neither {SINGLE} nor {INDEX}")
+        return {tensor: SINGLE for tensor in read_header(single, SINGLE)}
+    try:
+        raw = json.loads(index.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{index}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{index}: cannot be read ({type(exc).__name__}: {exc})") from None
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: has no \"weight_map\" object mapping tensor names to files")
+    users: dict[str, list[str]] = {}
+    for tensor, file in weight_map.items():
+        if not isinstance(file, str) or not _inside(file):
+            raise CheckpointError(f"{index}: weight_map[{tensor!r}] = {file!r} points outside the model directory "
+                                  f"(refused: files must be relative paths inside {model_dir})")
+        users.setdefault(file, []).append(tensor)
+    for file, tensors in users.items():
+        if not (model_dir / file).is_file():
+            raise CheckpointError(f"{index}: names the shard {file} (for {len(tensors)} tensors, e.g. {tensors[0]}) "
+                                  f"but {model_dir / file} does not exist")
+    return dict(weight_map)
+
+
+def _inside(file: str) -> bool:
+    """A relative path that stays inside the directory, read lexically: symbolic links (the Hugging
+    Face cache links snapshots to blobs elsewhere) are the user's business, '..' and absolute paths
+    in the index are not."""
+    if not file or os.path.isabs(file) or file.startswith(("/", "\\")) or ":" in Path(file).parts[0]:
+        return False
+    norm = os.path.normpath(file)
+    return norm != ".." and not norm.startswith(".." + os.sep) and norm != "."
