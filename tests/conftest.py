@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing.process
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -53,5 +54,9 @@ def _process_rules(request, monkeypatch):
     before = _children()
     yield
     left = _children() - before
+    deadline = time.monotonic() + 20  # a stopped rank may take a moment to be reaped on a loaded machine
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _children() - before
     if left:
         pytest.fail(f"{request.node.nodeid} left child processes running: {sorted(left)}", pytrace=False)
