@@ -114,3 +114,18 @@ def test_fp8_checkpoint_tp2_pp2_with_a_text_prompt(fp8_dir, tmp_path):
         assert row["max_abs_diff"] <= out["atol"], row
     saved = load_file(str(logits_file))
     assert saved["input_ids"].tolist() == text_prompt(load_tokenizer(fp8_dir), text, 64).tolist()
+
+
+@pytest.mark.slow
+def test_prefill_command_runs_dcpp_and_packed(tmp_path):
+    """DCPP profiles the real stage and cuts shrinking chunks; every schedule checks against the
+    unpipelined forward."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "vpp", "prefill", "--model", "tiny-qwen", "--pp", "2", "--seq-len", "1024",
+         "--chunk-size", "256", "--repeat", "1", "--no-warmup", "--check", "--json", "--no-progress",
+         "--schedule", "cpp,dcpp,vpp-packed"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert [r["schedule"] for r in out["rows"]] == ["cpp", "dcpp", "vpp-packed"]
+    assert all(r["max_abs_diff"] < 1e-3 for r in out["rows"])
