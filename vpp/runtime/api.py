@@ -137,7 +137,7 @@ def forward_prefill(
     plan = verify(build_schedule(schedule, layout, requests, concurrency=concurrency))
     mine = {s: m for s, m in zip(layout.stages_of(groups.pp.rank), stages)}
     executor = Executor(plan, mine, groups, pipeline, run_key=infos[0].run_key, timeout_s=timeout_s,
-                        progress=progress)
+                        progress=progress, timed=return_trace)
     by_id = {q: p for q, p in zip(ids, prompts)} if prompts is not None else {}
     if dist.is_initialized() and groups.sizes.world_size > 1:
         dist.barrier()

@@ -10,6 +10,8 @@ the pending wait raises at once; a rank that hangs is caught by the deadline.
 On NCCL and HCCL ``wait()`` must run on the rank's own thread: it makes that thread's current stream
 wait for the transfer, and a helper thread would order the wrong stream. There ``is_completed()``
 works, so the rank polls it (with the same notice and deadline checks) and then waits in place.
+Which of the two applies is a property of the process group the transfer runs on, so the executor asks
+it (:func:`polls_completion`), never the machine.
 """
 
 from __future__ import annotations
@@ -18,6 +20,17 @@ import concurrent.futures as futures
 import time
 
 import torch.distributed as dist
+
+
+POLLABLE_BACKENDS = ("nccl", "hccl")
+
+
+def polls_completion(pg) -> bool:
+    """True when ``Work.is_completed()`` on ``pg`` reports progress without ``wait()`` (NCCL, HCCL):
+    asked of the process group itself (``dist.get_backend(pg)``). False for gloo and for no group."""
+    if pg is None or not dist.is_initialized():
+        return False
+    return str(dist.get_backend(pg)).lower() in POLLABLE_BACKENDS
 
 
 class ExecutionError(RuntimeError):
@@ -107,7 +120,11 @@ class Watchdog:
         connection breaks, or ``timeout_s`` passes."""
         if self.pollable:
             return self._poll_then_wait(work, what, peer)
-        future = self._pool.submit(work.wait)
+        self.wait_future(self._pool.submit(work.wait), what, peer)
+
+    def wait_future(self, future: futures.Future, what: str, peer: int | None) -> None:
+        """Wait for ``future`` (a ``work.wait()`` running on a helper thread) with the same failure
+        checks and deadline as :meth:`wait`."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
