@@ -1,6 +1,7 @@
 """``vpp prefill``: run prefill schedules on real ranks and print one row per schedule.
 
-Without torchrun it spawns ``tp * pp`` CPU ranks (gloo, one thread each by default); under torchrun
+Without torchrun it spawns ``tp * pp`` ranks on this machine: one accelerator each where it has enough
+(NCCL/HCCL), else CPU ranks (gloo, one thread each by default); ``--device`` chooses. Under torchrun
 (any number of nodes) every launched process is a rank. ``--check`` compares every schedule's
 last-token logits with a single-process unpipelined forward of the same weights and exits 1 on a
 mismatch.
@@ -33,6 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--moe-dispatch", default="allreduce", choices=("allreduce", "alltoall"))
     p.add_argument("--threads", type=int, default=1, help="torch threads per spawned rank")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"),
+                   help="one device per rank; auto: this machine's accelerator if it has one, else CPU")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a stuck run fails")
     p.add_argument("--check", action="store_true", help="compare logits with an unpipelined forward")
     p.add_argument("--atol", type=float, default=1e-3, help="--check tolerance on logits")
@@ -72,7 +75,8 @@ def _worker(rank: int, world: int, cfg):
 def run(args) -> int:
     cfg = _config(args)
     from vpp.parallel import launch
-    out = launch(_worker, cfg.tp * cfg.pp, cfg, timeout=cfg.timeout_s * 2, threads=args.threads)[0]
+    device = None if args.device == "auto" else args.device
+    out = launch(_worker, cfg.tp * cfg.pp, cfg, timeout=cfg.timeout_s * 2, threads=args.threads, device=device)[0]
     if out is None:  # under torchrun, every rank but global rank 0
         return 0
     rows, facts = out
@@ -97,7 +101,8 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
         save_file(tensors, cfg.save_logits, metadata={"model": cfg.model, "chunk_size": str(cfg.chunk_size)})
     if as_json:
         out = {"config": {k: v for k, v in vars(cfg).items()}, "transfer_s": facts["transfer_s"],
-               "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check")}
+               "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
+               "memory_method": facts.get("memory_method")}
         print(json.dumps(out, indent=2, default=str))
     else:
         print(_table(rows, facts, cfg))
@@ -111,7 +116,7 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
 def _row_dict(r) -> dict:
     keys = ("ttft", "makespan", "bubble_ratio", "exposed", "speedup", "sim_makespan", "sim_bubble_ratio",
             "overhead_per_action_us")
-    out = {"schedule": r.schedule, "max_abs_diff": r.max_abs_diff}
+    out = {"schedule": r.schedule, "max_abs_diff": r.max_abs_diff, "memory": r.memory}
     for k in keys:
         med, lo, hi = r.stats(k)
         out[k] = {"median": med, "min": lo, "max": hi, "values": getattr(r, k)}
@@ -133,4 +138,8 @@ def _table(rows, facts, cfg) -> str:
         if cfg.check:
             cells.append(f"{r.max_abs_diff:.2e}" if r.max_abs_diff is not None else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    if any(r.memory for r in rows):
+        lines.append(f"peak memory per rank, MiB ({facts.get('memory_method')}): " + "; ".join(
+            f"{r.schedule} " + " ".join(f"r{m['rank']}={m.get('peak_bytes', 0) / 2**20:.0f}" for m in r.memory)
+            for r in rows))
     return "\n".join(lines)
