@@ -194,7 +194,8 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
             overheads = gather_all(groups, out.result.overhead_s / max(out.result.num_actions, 1) * 1e6)
             row.overhead_per_action_us.append(max(overheads))
             round_ttft[sched] = ttft
-            logits = [t for t in gather_all(groups, out.logits) if t is not None]
+            # to the host before pickling: a device tensor would be unpickled onto another rank's card
+            logits = [t for t in gather_all(groups, None if out.logits is None else out.logits.cpu()) if t is not None]
             last_logits[sched] = logits[0]
             traces[sched] = (out.trace, sim)
         base = round_ttft.get("cpp")
@@ -238,8 +239,8 @@ def _check(groups: ParallelGroups, model, prompt, last_logits, rows) -> dict:
     """Compare every schedule's last-token logits with a single-process unpipelined forward."""
     result: dict = {}
     if groups.global_rank == 0:
-        ref_stage = model.build((0, model.num_layers), ParallelGroups.single())
-        ref = ref_stage(prompt, "reference", 0, last_token_only=True)[-1].float()
+        ref_stage = model.build((0, model.num_layers), ParallelGroups.single(groups.accelerator, groups.device))
+        ref = ref_stage(prompt.to(groups.device), "reference", 0, last_token_only=True)[-1].float().cpu()
         for row in rows:
             got = last_logits[row.schedule].float()
             row.max_abs_diff = float((got - ref).abs().max())
