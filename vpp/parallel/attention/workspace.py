@@ -7,7 +7,7 @@ chunk is bounded by the budget whatever the prefix (``benchmarks/memory.py`` mea
 
 The budget of a module (:class:`UsesWorkspace`) is its ``workspace_bytes`` when set, else :func:`default_budget` of
 the device: 1/64 of an accelerator's memory (2.2 GB on an H200, 1 GB on a 64 GB Ascend die: blocks of
-thousands of keys, so a block is a few large kernels rather than many launch-bound ones), and 64 MiB on
+thousands of keys, so a block is a few large kernels rather than many launch-bound ones), and 32 MiB on
 a CPU, whose kernels are cache-blocked and gain nothing from larger blocks.
 """
 
@@ -18,7 +18,7 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-CPU_BUDGET = 64 << 20
+CPU_BUDGET = 32 << 20
 DEVICE_SHARE = 64  # an accelerator's budget is its memory / DEVICE_SHARE
 
 
