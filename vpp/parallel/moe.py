@@ -54,6 +54,7 @@ reads only this rank's experts and narrows them to its etp shard.
 from __future__ import annotations
 
 import importlib
+import logging
 from functools import lru_cache
 
 import torch
@@ -67,6 +68,8 @@ from vpp.parallel.moe_config import ACTIVATIONS, MoEConfig
 from vpp.parallel.router import Router
 from vpp.parallel.sharding import Shard
 
+log = logging.getLogger(__name__)
+
 DISPATCH = ("allreduce", "alltoall")
 GEMMS = ("loop", "grouped_mm", "npu")
 
@@ -79,6 +82,10 @@ def grouped_gemm_for(device_type: str) -> str:
         return "grouped_mm"
     if device_type == "npu" and hasattr(_torch_npu(), "npu_grouped_matmul"):
         return "npu"
+    if device_type != "cpu":
+        log.warning("no grouped GEMM for %s in this torch%s: MoE falls back to the per-expert loop, which reads "
+                    "the expert counts on the host once per layer and chunk", device_type,
+                    "_npu" if device_type == "npu" else "")
     return "loop"
 
 
@@ -198,7 +205,7 @@ class MoE(nn.Module):
         """The reference: this rank's (token, expert) pairs picked out and counted on the host
         (``nonzero``, ``tolist``: CPU only, where they cost no device synchronisation)."""
         local = ids - self.first_expert
-        pairs = ((local >= 0) & (local < self.num_local)).flatten().nonzero().squeeze(1)
+        pairs = ((local >= 0) & (local < self.num_local)).flatten().nonzero().squeeze(1)  # CPU only: sized on the host
         expert = local.flatten()[pairs]
         order = torch.argsort(expert, stable=True)
         pairs, expert = pairs[order], expert[order]

@@ -111,6 +111,7 @@ class Executor:
         busy = 0.0
         actions = self.plan.actions[self.me]
         acc = self.groups.accelerator
+        # trace-only: device events, resolved with one synchronisation after the run (none per chunk)
         events = acc.event if self.timed and acc.kind != "cpu" else None
         self.t0 = time.perf_counter()
         self.timer = ComputeTimer(self.me, self.t0, events=events,
