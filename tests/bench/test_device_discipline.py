@@ -91,3 +91,13 @@ def test_ranks_allocate_on_their_device_and_use_its_backend():
         assert "the process group runs 'gloo', but device 'cuda' needs 'nccl'" in facts["mismatch"]
         assert facts["transfer_s"] > 0
     assert [f["same"] for f in results] == [True, None]  # the V's last stage is on rank 0
+
+
+def _never_called(rank, world):
+    raise AssertionError("no rank should start")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_spawning_ranks_on_a_missing_accelerator_fails_before_any_process_starts():
+    with pytest.raises(RuntimeError, match="device 'cuda' was asked for, but torch.cuda.is_available"):
+        run_distributed(_never_called, 2, device="cuda")
