@@ -4,7 +4,9 @@
                                 [--chunk 1024] [--schedules cpp,vpp-async] [--pp 2] [--workspace BYTES]
 
 Each (schedule, length) runs in a fresh world of ``pp`` spawned ranks (a fresh process, so no earlier
-run's freed memory hides in the measurement). Every rank builds only its own stages, then measures:
+run's freed memory hides in the measurement). Every rank builds only its own stages, runs a short
+warm-up prefill (4 chunks, then released: the kernels and library pages a run touches are resident
+before the measurement), then measures:
 
 * weights: the bytes of its stages' parameters;
 * KV cache: the bytes its stages' caches hold when the prefill ends (reserved once at the prompt
@@ -76,6 +78,12 @@ def _rank(rank: int, world: int, model: str, schedule: str, length: int, chunk: 
         set_workspace_bytes(st, workspace)
     ids = torch.randint(0, cfg["vocab_size"], (length,), generator=torch.Generator().manual_seed(1))
     holds_first = 0 in layout.stages_of(groups.pp.rank)
+    # a short warm-up prefill first (released), so lazily initialised kernels and library pages that a
+    # run touches are resident before the measurement starts, whatever the prompt length
+    warm = ids[: min(length, 4 * chunk)]
+    forward_prefill(stages, warm if holds_first else None, chunk, groups, schedule=schedule, request_ids=[1])
+    for st in stages:
+        st.release(1)
     _trim()
     before = acc.peak_memory(device) if acc.kind != "cpu" else _rss()
     acc.reset_peak_memory(device)

@@ -142,6 +142,7 @@ class MLAttention(nn.Module, UsesWorkspace):
         for start in range(0, prefix, block):  # the prefix: every query sees every key
             k, v = self._expand(latent[start:min(prefix, start + block)])
             acc = _merge_rows(acc, attention_lse(q, k, v, s.softmax_scale), 0)
+            del k, v  # before the next block is expanded: one block alive at a time
         for start in range(prefix, total, block):  # the chunk's own keys [start, end)
             end = min(total, start + block)
             k, v = self._expand(latent[start:end])
@@ -151,6 +152,7 @@ class MLAttention(nn.Module, UsesWorkspace):
                 rest = attention_lse(q[:, last:], k, v, s.softmax_scale)
                 part = (torch.cat((part[0], rest[0]), 1), torch.cat((part[1], rest[1]), 1))
             acc = _merge_rows(acc, part, first)
+            del k, v, part
         return acc[0].to(q.dtype).transpose(0, 1)
 
     def _sparse(self, q_nope, q_rope, latent, topk) -> torch.Tensor:
