@@ -202,12 +202,13 @@ def _npu_lse(q, k, v, scale, causal):
     npu = _torch_npu()
     heads, dv = q.shape[0], v.shape[-1]
     q, k, v = _same_width(q, k, v)
-    kw = dict(atten_mask=_npu_causal_mask(q.device), sparse_mode=2) if causal else {}  # 2: top-left causal
+    # a causal piece is square, where the bottom-right diagonal (sparse_mode 3, as above) is the top-left one
+    kw = dict(atten_mask=_npu_causal_mask(q.device), sparse_mode=3) if causal else {}
     out, smax, ssum = npu.npu_fusion_attention(q[None], k[None], v[None], heads, "BNSD", scale=scale, **kw)[:3]
     return out[0, ..., :dv], smax[0, ..., 0] + ssum[0, ..., 0].log()
 
 
 @lru_cache(maxsize=None)
 def _npu_causal_mask(device: torch.device) -> torch.Tensor:
-    # sparse modes 2 and 3 take the compressed 2048 x 2048 upper-triangular mask (True = masked)
+    # sparse_mode 3 takes the compressed 2048 x 2048 upper-triangular mask (True = masked)
     return torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1)
