@@ -43,6 +43,17 @@ def _children() -> set[int]:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _resource_tracker(request):
+    """multiprocessing's resource tracker is one helper process per interpreter, started by the first
+    spawned queue and kept for the session: when slow tests will run, start it before any test, so it
+    is never counted as a process some test left behind (whichever test happens to spawn ranks first)."""
+    if any(item.get_closest_marker("slow") for item in request.session.items):
+        from multiprocessing import resource_tracker
+        resource_tracker.ensure_running()
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _process_rules(request, monkeypatch):
     slow = request.node.get_closest_marker("slow") is not None

@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import vpp.parallel.attention.dsa as dsa_module
 import vpp.parallel.attention.mla as mla_module
 from vpp.parallel.attention import (
     Chunk, DSASpec, GrowingBuffer, Indexer, MLAttention, MLASpec, RequestCache, RopeSpec, RotaryEmbedding,
@@ -57,9 +56,10 @@ def test_causal_kernel_rejects_more_queries_than_keys():
         causal_attention(_randn(0, 2, 5, 4), _randn(0, 2, 3, 4), _randn(0, 2, 3, 4), 1.0)
 
 
-def test_sparse_latent_attention_equals_masked_dense(monkeypatch):
-    monkeypatch.setattr(dsa_module, "BLOCK_ELEMENTS", 200)  # several query blocks
+@pytest.mark.parametrize("queries_per_block", [1, 3, 6])
+def test_sparse_latent_attention_equals_masked_dense(queries_per_block):
     c, heads, width, total, k, value_dim = 6, 3, 10, 15, 4, 7
+    budget = queries_per_block * k * (width * 4 + heads * 8)  # a query's gathered rows, fp32 scores and probs
     q, latent = _randn(1, c, heads, width), _randn(2, total, width)
     topk = torch.stack([torch.randperm(total, generator=torch.Generator().manual_seed(i))[:k] for i in range(c)])
     topk[0, 1:] = -1  # a query with a single key
@@ -67,7 +67,7 @@ def test_sparse_latent_attention_equals_masked_dense(monkeypatch):
     allowed = torch.zeros(c, total, dtype=torch.bool)
     for i in range(c):
         allowed[i, topk[i][topk[i] >= 0]] = True
-    out = sparse_latent_attention(q, latent, topk, value_dim, 0.4)
+    out = sparse_latent_attention(q, latent, topk, value_dim, 0.4, budget=budget)
     ref = torch.stack([_naive_attention(q[i][:, None], latent[None], latent[None, :, :value_dim], 0.4,
                                         allowed[i][None])[:, 0] for i in range(c)])
     torch.testing.assert_close(out, ref, **TOL)
@@ -81,10 +81,10 @@ def _indexer(spec, hidden=24, q_rank=20, rope=4):
 
 
 @pytest.mark.parametrize("interleave", [False, True])
-def test_indexer_selects_the_top_causal_keys(monkeypatch, interleave):
-    monkeypatch.setattr(dsa_module, "BLOCK_ELEMENTS", 500)  # several query blocks
+def test_indexer_selects_the_top_causal_keys(interleave):
     spec = DSASpec(index_topk=5, index_n_heads=16, index_head_dim=8, rope_interleave=interleave)
     idx = _indexer(spec)
+    idx.workspace_bytes = 2 * (16 + 2) * 14 * 4  # two queries' scores over 14 keys per block
     total, c, offset = 14, 6, 8
     x, q_resid = _randn(1, total, 24), _randn(2, total, 20)
     cos, sin = RotaryEmbedding(RopeSpec(4))(torch.arange(total), torch.float32)

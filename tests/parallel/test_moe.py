@@ -216,20 +216,27 @@ def _cases() -> tuple[dict, ...]:
     return tuple(cases)
 
 
+# the expert GEMMs: the per-expert loop (the CPU reference) and the grouped GEMM that CUDA/NPU run
+# (torch implements torch._grouped_mm on CPU as well); "alltoall" takes host counts, so loop only
+MODES = (("allreduce", "loop"), ("allreduce", "grouped_mm"), ("alltoall", "loop"))
+
+
 def _check_all(groups: ParallelGroups, cases) -> tuple[int, dict]:
     """Every case x dispatch mode x input on these groups; returns (checks, names read per block)."""
     checks, names = 0, {}
     for case in cases:
         for layer in case["layers"]:
             prefix = f"model.layers.{layer}.mlp."
-            for dispatch in ("allreduce", "alltoall"):
+            for dispatch, gemm in MODES:
                 block = build_mlp(model_config(case["config"]), layer, groups, dispatch=dispatch)
                 assert isinstance(block, MoE if layer == case["layers"][0] else DenseMLP)
                 block.load_checkpoint(narrowing(case["tensors"].__getitem__), prefix)
+                if isinstance(block, MoE):
+                    block.experts.gemm = gemm
                 names[(case["family"], layer, dispatch)] = block.checkpoint_names(prefix)
                 for x, ref in zip(case["inputs"], case["refs"][layer]):
                     out = block(x.clone())
-                    torch.testing.assert_close(out, ref, **TOL, msg=lambda m: f"{case['family']} {dispatch} "
+                    torch.testing.assert_close(out, ref, **TOL, msg=lambda m: f"{case['family']} {dispatch} {gemm} "
                                                f"T={x.shape[0]} tp={groups.tp.size} ep={groups.ep.size}: {m}")
                     checks += 1
                 if isinstance(block, DenseMLP):
@@ -262,7 +269,7 @@ def _assert_names_cover_checkpoint(cases, names_per_rank):
 def test_parity_tp1():
     cases = _cases()
     checks, names = _check_all(ParallelGroups.single(), cases)
-    assert checks == sum(len(TOKENS) * 3 for _ in cases)
+    assert checks == sum(len(TOKENS) * (len(MODES) + 1) for _ in cases)
     _assert_names_cover_checkpoint(cases, [names])
     # the tensor names that save_pretrained wrote, per family (the HF per-expert layout)
     for case in cases:
@@ -284,5 +291,5 @@ def test_parity_multi_rank(world_size, eps):
     for i, ep in enumerate(eps):
         per_rank = [r[i] for r in results]
         assert {(r[1], r[2]) for r in per_rank} == {(e, t) for e in range(ep) for t in range(world_size // ep)}
-        assert all(r[3] == len(cases) * len(TOKENS) * 3 for r in per_rank)
+        assert all(r[3] == len(cases) * len(TOKENS) * (len(MODES) + 1) for r in per_rank)
         _assert_names_cover_checkpoint(cases, [r[4] for r in per_rank])

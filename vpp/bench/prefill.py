@@ -2,7 +2,13 @@
 benchmarks. Runs on every rank (spawned or under torchrun); returns rows on every rank.
 
 Per round, the schedules run interleaved (A B C A B C ...), each after a barrier. TTFT is the wall time
-from the barrier to the last-token logits on the rank that holds the last stage. Each run's trace is
+from the barrier to the last-token logits on the rank that holds the last stage (on an accelerator,
+after synchronising the device there, so the logits exist).
+
+Memory: each run records every rank's peak memory (:meth:`Accelerator.peak_memory`: the allocator's
+``max_memory_allocated`` on CUDA/NPU, reset per run; the process's peak resident set on CPU, which
+also holds the interpreter and every schedule's weights), its stages' weights and the bytes their KV
+caches hold at the end of the run. Each run's trace is
 summarised (compute / bubble / exposed comm, as the paper's Table 2) and replayed in the simulator with
 the measured per-chunk compute times and a measured transfer time, so the two can be compared.
 """
@@ -68,6 +74,8 @@ class Row:
     sim_bubble_ratio: list[float] = field(default_factory=list)
     overhead_per_action_us: list[float] = field(default_factory=list)
     max_abs_diff: float | None = None
+    # per global rank: the largest peak over the rounds, with its weights and KV cache bytes
+    memory: list[dict] = field(default_factory=list)
 
     def stats(self, name: str) -> tuple[float, float, float]:
         values = getattr(self, name)
@@ -81,12 +89,15 @@ def say(groups: ParallelGroups, text: str) -> None:
 
 
 def measure_transfer(groups: ParallelGroups, tokens: int, hidden: int, dtype: torch.dtype, rounds: int = 5) -> float:
-    """One-way time of a [tokens, hidden] activation between pipeline ranks 0 and 1 (ping-pong / 2)."""
+    """One-way time of a [tokens, hidden] activation between pipeline ranks 0 and 1 (ping-pong / 2),
+    the probe on the rank's device (what the pipeline sends). Measurement, not the per-chunk path: it
+    synchronises the device around each round so the host clock sees the transfer."""
     if groups.pp.size < 2:
         return 0.0
-    me, buf = groups.pp.rank, torch.zeros(tokens, hidden, dtype=dtype)
-    times = []
+    me, buf = groups.pp.rank, torch.zeros(tokens, hidden, dtype=dtype, device=groups.device)
+    acc, times = groups.accelerator, []
     for _ in range(rounds + 1):
+        acc.synchronize(groups.device)
         start = time.perf_counter()
         if me == 0:
             isend(buf, 1, groups.pp_channel(0, 1)).wait()
@@ -94,6 +105,7 @@ def measure_transfer(groups: ParallelGroups, tokens: int, hidden: int, dtype: to
         elif me == 1:
             irecv(buf, 0, groups.pp_channel(0, 1)).wait()
             isend(buf, 0, groups.pp_channel(1, 0)).wait()
+        acc.synchronize(groups.device)  # NCCL/HCCL wait() only orders the stream
         times.append((time.perf_counter() - start) / 2)
     out = [statistics.median(times[1:])]
     dist.broadcast_object_list(out, src=groups.pp.global_rank(0), group=groups.pp.pg)
@@ -149,6 +161,8 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     holds_first = {s: 0 in layouts[s].stages_of(groups.pp.rank) for s in cfg.schedules}
     last_logits: dict[str, torch.Tensor | None] = {}
     traces = {}
+    acc, device = groups.accelerator, groups.device
+    memory: dict[str, dict] = {}
 
     def one(sched: str, ids: torch.Tensor, label: str | None):
         n = ids.numel()
@@ -157,10 +171,17 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
         bar = cfg.progress(label, n_chunks) if show else None
         if dist.is_initialized():
             dist.barrier()
+        acc.reset_peak_memory(device)
         start = time.perf_counter()
         out = forward_prefill(stages[sched], ids if holds_first[sched] else None, chunking[sched], groups,
                               schedule=sched, return_trace=True, timeout_s=cfg.timeout_s, progress=bar)
+        if out.logits is not None:
+            acc.synchronize(device)  # TTFT ends when the logits exist (a no-op on CPU)
         ttft = time.perf_counter() - start
+        mem = {"peak_bytes": acc.peak_memory(device), "weights_bytes": weight_bytes(stages[sched]),
+               "kv_cache_bytes": sum(cache_bytes(st) for st in stages[sched])}
+        if mem["peak_bytes"] >= memory.get(sched, {}).get("peak_bytes", -1):
+            memory[sched] = mem
         for st in stages[sched]:
             st.release(0)
         return out, ttft
@@ -187,14 +208,19 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
             overheads = gather_all(groups, out.result.overhead_s / max(out.result.num_actions, 1) * 1e6)
             row.overhead_per_action_us.append(max(overheads))
             round_ttft[sched] = ttft
-            logits = [t for t in gather_all(groups, out.logits) if t is not None]
+            # to the host before pickling: a device tensor would be unpickled onto another rank's card
+            logits = [t for t in gather_all(groups, None if out.logits is None else out.logits.cpu()) if t is not None]
             last_logits[sched] = logits[0]
             traces[sched] = (out.trace, sim)
         base = round_ttft.get("cpp")
         for sched, t in round_ttft.items():
             if base:
                 rows[sched].speedup.append(base / t)
+    for sched in cfg.schedules:
+        per_rank = gather_all(groups, dict(memory.get(sched, {}), rank=groups.global_rank))
+        rows[sched].memory = sorted(per_rank, key=lambda m: m["rank"])
     facts = {"transfer_s": transfer_s, "layouts": {s: layouts[s].describe() for s in cfg.schedules},
+             "memory_method": acc.peak_memory_method,
              "prompt": prompt, "logits": last_logits,
              "chunks": {s: list(c(cfg.seq_len)) if callable(c) else None for s, c in chunking.items()}}
     if cfg.check:
@@ -202,6 +228,17 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     if cfg.trace_dir and groups.global_rank == 0:
         _write_traces(cfg.trace_dir, traces)
     return [rows[s] for s in cfg.schedules], facts
+
+
+def weight_bytes(stages) -> int:
+    """Bytes of the parameters of a rank's stages."""
+    return sum(p.nbytes for st in stages for p in st.parameters())
+
+
+def cache_bytes(stage) -> int:
+    """Bytes a stage's KV caches hold (stages without ``cache_nbytes``, like the toy model: 0)."""
+    nbytes = getattr(stage, "cache_nbytes", None)
+    return int(nbytes()) if nbytes is not None else 0
 
 
 def gather_all(groups: ParallelGroups, value):
@@ -216,8 +253,8 @@ def _check(groups: ParallelGroups, model, prompt, last_logits, rows) -> dict:
     """Compare every schedule's last-token logits with a single-process unpipelined forward."""
     result: dict = {}
     if groups.global_rank == 0:
-        ref_stage = model.build((0, model.num_layers), ParallelGroups.single())
-        ref = ref_stage(prompt, "reference", 0, last_token_only=True)[-1].float()
+        ref_stage = model.build((0, model.num_layers), ParallelGroups.single(groups.accelerator, groups.device))
+        ref = ref_stage(prompt.to(groups.device), "reference", 0, last_token_only=True)[-1].float().cpu()
         for row in rows:
             got = last_logits[row.schedule].float()
             row.max_abs_diff = float((got - ref).abs().max())

@@ -125,6 +125,7 @@ def _run_round(groups, cfg, stages, planner, prompts, wl, *, warmup: bool) -> di
             for q, p in enumerate(prompts):
                 gpipe_prefill(mine[0], p if holds_first else None, min(cfg.chunk_size, p.numel()), p.numel(),
                               groups, request=q)
+            groups.accelerator.synchronize(groups.device)  # the makespan ends when the logits exist
             makespan = max(gather_all(groups, time.perf_counter() - start))
             stats, bubble = None, None
         else:
@@ -132,6 +133,7 @@ def _run_round(groups, cfg, stages, planner, prompts, wl, *, warmup: bool) -> di
             res = forward_prefill(mine, prompts if holds_first else None, chunking, groups,
                                   schedule=name, arrivals=arrivals,
                                   concurrency=concurrency, return_trace=True, timeout_s=cfg.timeout_s)
+            groups.accelerator.synchronize(groups.device)  # the makespan ends when the logits exist
             makespan = max(gather_all(groups, time.perf_counter() - start))
             stats, bubble = stream_stats(res.trace, res.plan), res.trace.summarize().bubble_ratio
         for st in mine:

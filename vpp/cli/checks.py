@@ -45,3 +45,15 @@ def _check_files(model_dir: str) -> None:
     if not has_weights:
         raise UsageError(f"--model {model_dir}: neither model.safetensors nor model.safetensors.index.json "
                          f"in the directory")
+
+
+def check_devices(device: str, ranks: int) -> None:
+    """Spawned ranks need one device each: refuse fewer devices than ranks before spawning any."""
+    from vpp.parallel.device import get_accelerator
+    from vpp.parallel.launch import check_device_count, launched_by_torchrun
+    if launched_by_torchrun():
+        return  # torchrun placed the processes: the local rank picks the card
+    try:
+        check_device_count(get_accelerator(None if device == "auto" else device), ranks)
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(f"--device {device}: {exc}") from None

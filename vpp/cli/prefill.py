@@ -1,6 +1,7 @@
 """``vpp prefill``: run prefill schedules on real ranks and print one row per schedule.
 
-Without torchrun it spawns ``tp * pp`` CPU ranks (gloo, one thread each by default); under torchrun
+Without torchrun it spawns ``tp * pp`` ranks on this machine: one accelerator each where it has enough
+(NCCL/HCCL), else CPU ranks (gloo, one thread each by default); ``--device`` chooses. Under torchrun
 (any number of nodes) every launched process is a rank. ``--check`` compares every schedule's
 last-token logits with a single-process unpipelined forward of the same weights and exits 1 on a
 mismatch.
@@ -18,7 +19,7 @@ import math
 import sys
 
 from vpp.cli.args import UsageError, nonnegative_float, positive_float, positive_int, writable_dir, writable_file
-from vpp.cli.checks import open_checked
+from vpp.cli.checks import check_devices, open_checked
 from vpp.cli.output import progress_bar, setup_logging
 from vpp.plan import strategies
 
@@ -62,6 +63,8 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--moe-dispatch", default="allreduce", choices=("allreduce", "alltoall"))
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per spawned rank")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"),
+                   help="one device per rank; auto: this machine's accelerator if it has one, else CPU")
     p.add_argument("--timeout", type=positive_float, default=1800.0,
                    help="seconds before a stuck rank fails the run (also the process group's timeout)")
     p.add_argument("--check", action="store_true", help="compare logits with an unpipelined forward")
@@ -99,6 +102,7 @@ def check(args) -> None:
         writable_file(args.save_logits, "--save-logits")
     if args.trace:
         writable_dir(args.trace, "--trace")
+    check_devices(args.device, args.tp * args.pp)
 
 
 def _config(args):
@@ -125,8 +129,9 @@ def _worker(rank: int, world: int, cfg):
 def run(args) -> int:
     cfg = _config(args)
     from vpp.parallel import launch
+    device = None if args.device == "auto" else args.device
     out = launch(_worker, cfg.tp * cfg.pp, cfg, timeout=cfg.timeout_s * 2, threads=args.threads,
-                 pg_timeout_s=cfg.timeout_s)[0]
+                 pg_timeout_s=cfg.timeout_s, device=device)[0]
     if out is None:  # under torchrun, every rank but global rank 0
         return 0
     rows, facts = out
@@ -150,7 +155,7 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
     if as_json:
         out = {"config": {k: v for k, v in vars(cfg).items() if k != "progress"}, "transfer_s": facts["transfer_s"],
                "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
-               "atol": atol if cfg.check else None, "peak_memory": facts.get("peak_memory")}
+               "atol": atol if cfg.check else None, "memory_method": facts.get("memory_method")}
         print(json.dumps(out, indent=2, default=str), flush=True)
     else:
         print(_table(rows, facts, cfg), flush=True)
@@ -173,7 +178,7 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
 def _row_dict(r) -> dict:
     keys = ("ttft", "makespan", "bubble_ratio", "exposed", "speedup", "sim_makespan", "sim_bubble_ratio",
             "overhead_per_action_us")
-    out = {"schedule": r.schedule, "max_abs_diff": r.max_abs_diff}
+    out = {"schedule": r.schedule, "max_abs_diff": r.max_abs_diff, "memory": r.memory}
     for k in keys:
         med, lo, hi = r.stats(k)
         out[k] = {"median": med, "min": lo, "max": hi, "values": getattr(r, k)}
@@ -195,4 +200,8 @@ def _table(rows, facts, cfg) -> str:
         if cfg.check:
             cells.append(f"{r.max_abs_diff:.2e}" if r.max_abs_diff is not None else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    if any(r.memory for r in rows):
+        lines.append(f"peak memory per rank, MiB ({facts.get('memory_method')}): " + "; ".join(
+            f"{r.schedule} " + " ".join(f"r{m['rank']}={m.get('peak_bytes', 0) / 2**20:.0f}" for m in r.memory)
+            for r in rows))
     return "\n".join(lines)

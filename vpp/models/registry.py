@@ -95,7 +95,8 @@ def open_model(spec: str, *, dtype: torch.dtype | str = "auto", seed: int = 0,
         from vpp.models.toy import ToyStage
         n = 8
         return ModelSource("toy", n, tuple(range(n)),
-                           lambda r, g: ToyStage(r, n, hidden_size=64, vocab_size=512, seed=seed, dtype=dtype),
+                           lambda r, g: ToyStage(r, n, hidden_size=64, vocab_size=512, seed=seed, dtype=dtype,
+                                                 device=g.device),
                            {"model_type": "toy", "num_hidden_layers": n}, dtype)
     from vpp.models import build_stage, load_stage, random_checkpoint, stage_starts
     if spec in BUILTIN:

@@ -8,8 +8,11 @@ The contract the pipeline executor relies on (it knows nothing else about models
 ``x`` is a LongTensor [c] of token ids on the first stage, else hidden states [c, hidden]. Returns
 hidden states [c, hidden], or logits [c, vocab] on the last stage ([1, vocab] with
 ``last_token_only``). ``offset`` is the number of this request's tokens already processed and must
-equal :meth:`Stage.cache_length`. One request per call, no batch dim; several requests may be in
-flight at once, each with its own caches, until :meth:`Stage.release` frees them.
+equal :meth:`Stage.cache_length`. One request per call, no batch dim, any ``c >= 1`` (a decoding step
+is a chunk of one token); several requests may be in flight at once, each with its own caches, until
+:meth:`Stage.release` frees them. Optional: ``stage.reserve(request, tokens)`` sizes the request's
+caches for ``tokens`` tokens in all before its first chunk (the executor calls it with the prompt
+length; a decoder calls it with prompt + new tokens first), so they are allocated once.
 
 Caches live in the attention modules, one :class:`~vpp.parallel.attention.RequestCache` per layer
 keyed by request (GQA: post-RoPE K/V; MLA: the compressed latent; DSA adds the indexer keys); the
@@ -95,6 +98,17 @@ class Stage(nn.Module):
     def requests(self) -> list[Hashable]:
         """Requests with caches on this stage."""
         return self._caches()[0].requests()
+
+    def reserve(self, request: Hashable, tokens: int) -> None:
+        """Size every cache of ``request`` on this stage for ``tokens`` tokens in all (prompt, plus
+        any tokens to be decoded): allocated once, at the first chunk. Appending past it still works
+        (the caches then grow). Never shrinks a reservation."""
+        for cache in self._caches():
+            cache.reserve(request, tokens)
+
+    def cache_nbytes(self, request: Hashable | None = None) -> int:
+        """Bytes allocated by this stage's caches for ``request`` (every request: None)."""
+        return sum(cache.nbytes(request) for cache in self._caches())
 
     def release(self, request: Hashable) -> None:
         """Free every cache ``request`` holds on this stage (a no-op for an unknown request)."""

@@ -26,7 +26,7 @@ class ToyStage(nn.Module):
 
     def __init__(self, layer_range: tuple[int, int], num_layers: int, *, hidden_size: int = 16,
                  vocab_size: int = 64, seed: int = 0, max_positions: int = 1 << 20,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, device=None):
         super().__init__()
         start, end = layer_range
         if not 0 <= start < end <= num_layers:
@@ -40,6 +40,8 @@ class ToyStage(nn.Module):
                                         for i in range(start, end)})
         self.head = _weight(seed, "head", vocab_size, hidden_size, scale=s, dtype=dtype) if self.is_last else None
         self._cache: dict[int, dict[str, torch.Tensor | int]] = {}
+        if device is not None:
+            self.to(device)  # weights are drawn on the host (seeded), then moved
 
     def cache_length(self, request: int) -> int:
         return int(self._cache[request]["length"]) if request in self._cache else 0
@@ -57,9 +59,9 @@ class ToyStage(nn.Module):
                              f"{have} tokens cached")
         h = self.embed[x] if self.is_first else x.to(self.dtype)
         cache = self._cache.setdefault(request, {"length": 0})
-        count = torch.arange(offset + 1, offset + h.shape[0] + 1, dtype=self.dtype).unsqueeze(-1)
+        count = torch.arange(offset + 1, offset + h.shape[0] + 1, dtype=self.dtype, device=h.device).unsqueeze(-1)
         for i, w in self.layers.items():
-            prev = cache.get(i, torch.zeros(self.hidden_size, dtype=self.dtype))
+            prev = cache.get(i, torch.zeros(self.hidden_size, dtype=self.dtype, device=h.device))
             running = torch.cumsum(h, dim=0) + prev
             cache[i] = running[-1]
             h = h + 0.5 * torch.tanh((h + running / count) @ w)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from vpp.parallel.device import Accelerator, get_accelerator
+from vpp.parallel.device import Accelerator, accelerator_for_backend, get_accelerator
 from vpp.parallel.grid import AXES, GridSizes, coordinates, group_of, rank_groups
 
 
@@ -118,7 +118,12 @@ def initialize_model_parallel(
 ) -> ParallelGroups:
     """Megatron-style entry point. ``torch.distributed`` must already be initialised (see
     :func:`vpp.parallel.launch.init_distributed`). Any world size that is a multiple of tp x pp
-    gives ``dp = world // (tp * pp)`` data-parallel replicas of the pipeline."""
+    gives ``dp = world // (tp * pp)`` data-parallel replicas of the pipeline.
+
+    The device follows the default process group's backend (gloo: CPU, NCCL: CUDA, HCCL: NPU), so
+    stages are never placed on a device the process group cannot move; an ``accelerator`` that
+    disagrees with the backend is an error. The card is ``local_rank``'s, else the current device
+    (set by :func:`init_distributed`)."""
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised; call vpp.parallel.init_distributed() first")
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -126,8 +131,14 @@ def initialize_model_parallel(
     if world % (tp * pp):
         raise ValueError(f"tp={tp} * pp={pp} = {tp * pp} does not divide world_size={world}")
     sizes = GridSizes(world, tp=tp, pp=pp, ep=expert_model_parallel_size, dp=world // (tp * pp))
-    acc = accelerator or get_accelerator()
-    device = acc.device(local_rank if local_rank is not None else rank % max(acc.device_count, 1))
+    backend = str(dist.get_backend()).lower()
+    acc = accelerator or accelerator_for_backend(backend)
+    if acc.backend != backend:
+        raise ValueError(f"the process group runs {backend!r}, but device {acc.kind!r} needs {acc.backend!r}: "
+                         f"initialise torch.distributed with the device's backend")
+    if local_rank is None and acc.kind != "cpu":
+        local_rank = acc.module().current_device()
+    device = acc.device(local_rank or 0)
     groups = build_groups(sizes, rank, acc, device)
     set_default_groups(groups)
     return groups

@@ -2,8 +2,8 @@
 
 :func:`init_distributed` is the one place that reads the launcher's environment (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``); library code below it never does.
-:func:`run_distributed` runs a function on N local processes (tests, the CLI on a CPU): each rank's
-return value comes back; when any rank raises or dies, the call fails promptly with that rank's
+:func:`run_distributed` runs a function on N local processes (tests, the CLI without torchrun): each
+rank's return value comes back; when any rank raises or dies, the call fails promptly with that rank's
 traceback, and a rank that hangs past ``timeout`` fails it too. It never hangs.
 
 Failure guarantees of spawned ranks:
@@ -14,6 +14,11 @@ Failure guarantees of spawned ranks:
 * spawned ranks die with their parent: each asks the kernel for SIGKILL when its parent exits
   (Linux ``PR_SET_PDEATHSIG``), and also watches its parent process (other systems); SIGTERM and
   SIGINT (Ctrl-C) of the parent stop every rank before the call returns.
+
+Devices. Every rank uses one device of its own and the backend that moves that device's tensors
+(gloo for CPU, NCCL for CUDA, HCCL for NPU: :mod:`.device`); the local rank picks the card. A node
+with fewer cards than local ranks is a clear error before any process group exists, never two ranks
+on one card or gloo with device tensors.
 """
 
 from __future__ import annotations
@@ -77,15 +82,22 @@ def init_distributed(
     init_method: str = "env://",
     rank: int | None = None,
     world_size: int | None = None,
+    local_rank: int | None = None,
     timeout_s: float = 600.0,
 ) -> tuple[Accelerator, int]:
     """Initialise ``torch.distributed`` for this process; returns the accelerator and local rank.
 
     Under torchrun, ``rank``/``world_size`` come from the environment. Already-initialised processes
-    are left alone. The local rank picks the card on multi-device nodes.
+    are left alone. The local rank picks the card on multi-device nodes (``local_rank`` when given,
+    else ``LOCAL_RANK``, else ``rank``).
     """
     acc = accelerator or get_accelerator()
-    local_rank = int(os.environ.get("LOCAL_RANK", rank if rank is not None else 0))
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", rank if rank is not None else 0))
+    if acc.kind != "cpu" and local_rank >= acc.device_count:
+        raise RuntimeError(f"local rank {local_rank} needs {acc.kind} device {local_rank}, but only "
+                           f"{acc.device_count} {acc.kind} devices are visible: start at most "
+                           f"{acc.device_count} ranks per node (one device per rank)")
     if acc.kind == "cuda":
         torch.cuda.set_device(local_rank)
     elif acc.kind == "npu":
@@ -100,17 +112,25 @@ def init_distributed(
     return acc, local_rank
 
 
+def check_device_count(acc: Accelerator, ranks: int) -> None:
+    """Raise unless this node has a device for each of ``ranks`` local ranks (always true on CPU)."""
+    if acc.kind != "cpu" and acc.device_count < ranks:
+        raise RuntimeError(f"{ranks} ranks need one {acc.kind} device each, but {acc.device_count} "
+                           f"{'is' if acc.device_count == 1 else 'are'} visible; start fewer ranks "
+                           f"(tp * pp <= {acc.device_count}) or run on CPU (device 'cpu')")
+
+
 def _rank_main(
     rank: int, world_size: int, init_file: str, fn: Callable, args: tuple, results: Any,
-    threads: int, pg_timeout_s: float, parent_pid: int,
+    threads: int, pg_timeout_s: float, kind: str, parent_pid: int,
 ) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     try:
         torch.set_num_threads(threads)
         init_distributed(
-            get_accelerator("cpu"), init_method=f"file://{init_file}", rank=rank,
-            world_size=world_size, timeout_s=pg_timeout_s,
+            get_accelerator(kind), init_method=f"file://{init_file}", rank=rank,
+            world_size=world_size, local_rank=rank, timeout_s=pg_timeout_s,
         )
         value = fn(rank, world_size, *args)
         # plain pickle copies tensors by value: torch's queue would pass shared-memory handles that
@@ -134,8 +154,11 @@ def run_distributed(
     timeout: float = 120.0,
     threads: int = 1,
     pg_timeout_s: float | None = None,
+    device: str | None = "cpu",
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned CPU processes (gloo).
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes of this node: CPU
+    ranks on gloo by default; ``device="cuda"``/``"npu"`` (or ``None``: whatever this machine has) puts
+    rank r on card r with NCCL/HCCL, and raises at once when there are fewer cards than ranks.
 
     ``fn`` and ``args`` must be picklable (a module-level function). Returns the per-rank return
     values in rank order. Raises :class:`RankFailure` with the failing rank's traceback as soon as a
@@ -143,6 +166,8 @@ def run_distributed(
     """
     if timeout <= 0:
         raise ValueError(f"timeout={timeout} must be > 0 seconds")
+    acc = get_accelerator(device)
+    check_device_count(acc, world_size)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="vpp-rdzv-") as tmp, _stop_on_sigterm():
@@ -150,7 +175,8 @@ def run_distributed(
         procs = [
             ctx.Process(
                 target=_rank_main,
-                args=(r, world_size, init_file, fn, args, results, threads, pg_timeout_s or timeout, os.getpid()),
+                args=(r, world_size, init_file, fn, args, results, threads, pg_timeout_s or timeout, acc.kind,
+                      os.getpid()),
                 daemon=True,
             )
             for r in range(world_size)
@@ -253,17 +279,20 @@ def _raise_root_failure(procs, results, world_size, failures: dict[int, tuple], 
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 3600.0,
-           threads: int = 1, pg_timeout_s: float | None = None) -> list[Any]:
+           threads: int = 1, pg_timeout_s: float | None = None, device: str | None = None) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on every rank: in this process when started by torchrun
     (one rank per process, any number of nodes; returns ``[this rank's value]``), else on
-    ``world_size`` spawned CPU ranks (returns every rank's value). ``pg_timeout_s`` bounds every
+    ``world_size`` spawned ranks of this node (returns every rank's value). ``device``: ``"cpu"``,
+    ``"cuda"``, ``"npu"`` or ``None`` (this machine's accelerator if it has one), one device per rank
+    and the backend that goes with it, under torchrun and spawned alike. ``pg_timeout_s`` bounds every
     collective of the process group (default: ``timeout``).
 
     Under torchrun a failure propagates and the process group is not torn down (a transfer stuck in
     a dead peer would block the teardown): the caller exits, and torchrun stops the other ranks."""
     if launched_by_torchrun():
-        init_distributed(timeout_s=pg_timeout_s or timeout)
+        init_distributed(get_accelerator(device), timeout_s=pg_timeout_s or timeout)
         value = fn(dist.get_rank(), dist.get_world_size(), *args)
         dist.destroy_process_group()
         return [value]
-    return run_distributed(fn, world_size, *args, timeout=timeout, threads=threads, pg_timeout_s=pg_timeout_s)
+    return run_distributed(fn, world_size, *args, timeout=timeout, threads=threads, pg_timeout_s=pg_timeout_s,
+                           device=device)

@@ -33,6 +33,18 @@ whole group (ep = 1) by 1.0-2.7x on CPU: with ep = 1 every rank gathers and scat
 copies. "alltoall" pays off when the input is not replicated (data-parallel attention, sequence
 parallelism) or the EP group crosses nodes.
 
+Expert GEMMs, and why there is no host synchronisation. The (token, expert) pairs are sorted by
+local expert, so each expert's rows are one contiguous segment; the segment ends are computed on the
+device (a search in the sorted ids) and handed to a grouped GEMM, one kernel for every local expert:
+``torch._grouped_mm`` on CUDA, ``torch_npu.npu_grouped_matmul`` on NPU (each import-guarded). Pairs
+routed to other EP ranks' experts sort after the local ones into a segment no GEMM reads, so every
+shape is static (T k rows) and nothing waits for the device. On CPU, where reading a tensor costs
+nothing, :class:`GroupedExperts` keeps the plain per-expert loop with the counts on the host: the
+reference the grouped path is tested against (``gemm="grouped_mm"`` forces the grouped path on CPU,
+where torch implements it too). "alltoall" dispatch needs its split sizes on the host (the collective
+takes them as lists): one host synchronisation per layer on every device, a reason more to keep the
+default "allreduce".
+
 Loading. Unsharded Hugging Face checkpoints store experts one by one (``experts.{e}.gate_proj.weight``,
 ``.up_proj.weight``, ``.down_proj.weight``), the router as ``gate.weight`` (+ ``gate.e_score_correction_bias``)
 and the shared expert as ``shared_experts.{gate,up,down}_proj.weight``; :meth:`MoE.load_checkpoint`
@@ -40,6 +52,10 @@ reads only this rank's experts, and of each only its etp slice, one tensor slice
 """
 
 from __future__ import annotations
+
+import importlib
+import logging
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +68,32 @@ from vpp.parallel.moe_config import ACTIVATIONS, MoEConfig
 from vpp.parallel.router import Router
 from vpp.parallel.sharding import ReadSlice, Shard, SliceLoader
 
+log = logging.getLogger(__name__)
+
 DISPATCH = ("allreduce", "alltoall")
+GEMMS = ("loop", "grouped_mm", "npu")
+
+
+@lru_cache(maxsize=None)
+def grouped_gemm_for(device_type: str) -> str:
+    """The expert GEMM of a device kind: ``"grouped_mm"`` (CUDA with ``torch._grouped_mm``), ``"npu"``
+    (torch_npu's ``npu_grouped_matmul``) or ``"loop"`` (CPU, or a device without a grouped GEMM)."""
+    if device_type == "cuda" and hasattr(torch, "_grouped_mm"):
+        return "grouped_mm"
+    if device_type == "npu" and hasattr(_torch_npu(), "npu_grouped_matmul"):
+        return "npu"
+    if device_type != "cpu":
+        log.warning("no grouped GEMM for %s in this torch%s: MoE falls back to the per-expert loop, which reads "
+                    "the expert counts on the host once per layer and chunk", device_type,
+                    "_npu" if device_type == "npu" else "")
+    return "loop"
+
+
+def _torch_npu():
+    try:
+        return importlib.import_module("torch_npu")
+    except Exception:  # missing or broken CANN install
+        return None
 
 
 class GroupedExperts(nn.Module):
@@ -60,13 +101,18 @@ class GroupedExperts(nn.Module):
     of G_e stacked on that of U_e) and ``down_proj`` [E_local, H, I/etp] (the matching columns of D_e).
 
     ``forward(x, counts)`` takes rows already grouped by local expert (``counts[e]`` rows for expert
-    e, in order) and returns each row's expert output (partial over etp), in the same order.
+    e, in order, a host list: one GEMM per expert) and returns each row's expert output (partial over
+    etp), in the same order. :meth:`grouped` takes the segment ends as a device tensor instead and runs
+    one grouped GEMM per projection. ``gemm`` picks the kernel (None: :func:`grouped_gemm_for` the
+    input's device).
     """
 
     def __init__(self, num_local: int, hidden_size: int, local_intermediate: int, hidden_act: str, *,
-                 dtype: torch.dtype | None = None, device=None):
+                 dtype: torch.dtype | None = None, device=None, gemm: str | None = None):
         super().__init__()
-        self.num_local, self.local_intermediate = num_local, local_intermediate
+        if gemm is not None and gemm not in GEMMS:
+            raise ValueError(f"gemm={gemm!r} is not one of {GEMMS}")
+        self.num_local, self.local_intermediate, self.gemm = num_local, local_intermediate, gemm
         self.act = ACTIVATIONS[hidden_act]
         self.gate_up_proj = nn.Parameter(torch.empty(num_local, 2 * local_intermediate, hidden_size,
                                                      dtype=dtype, device=device), requires_grad=False)
@@ -87,6 +133,23 @@ class GroupedExperts(nn.Module):
             start += n
         return out
 
+    def backend(self, device: torch.device) -> str:
+        return self.gemm or grouped_gemm_for(device.type)
+
+    def grouped(self, x: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """Rows of local expert e are ``x[ends[e-1]:ends[e]]`` (``ends`` [E_local] int, on the device);
+        returns their expert outputs. Rows after ``ends[-1]`` belong to no local expert: their output
+        is undefined (callers mask them). No host synchronisation."""
+        gate, up = self._grouped_mm(x, self.gate_up_proj, ends).chunk(2, dim=-1)
+        return self._grouped_mm(self.act(gate).mul_(up), self.down_proj, ends)
+
+    def _grouped_mm(self, a: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """Segment e of ``a`` times ``w[e]^T`` (w [E, N, K], a [rows, K]) -> [rows, N]."""
+        if self.backend(a.device) == "npu":
+            return _torch_npu().npu_grouped_matmul([a], [w.transpose(1, 2)], group_list=ends.long(),
+                                                   split_item=2, group_type=0, group_list_type=0)[0]
+        return torch._grouped_mm(a, w.transpose(1, 2), offs=ends.int())
+
     def extra_repr(self) -> str:
         return f"local_experts={self.num_local}, intermediate_shard={self.local_intermediate}"
 
@@ -97,7 +160,7 @@ class MoE(nn.Module):
     replicated over the TP group."""
 
     def __init__(self, cfg: MoEConfig, groups: ParallelGroups, *, dispatch: str = "allreduce",
-                 dtype: torch.dtype | None = None, device=None):
+                 dtype: torch.dtype | None = None, device=None, gemm: str | None = None):
         super().__init__()
         if dispatch not in DISPATCH:
             raise ValueError(f"dispatch={dispatch!r} is not one of {DISPATCH}")
@@ -111,7 +174,7 @@ class MoE(nn.Module):
         self.first_expert = groups.ep.rank * self.num_local
         self.gate = Router(cfg, dtype=dtype, device=device)
         self.experts = GroupedExperts(self.num_local, cfg.hidden_size, cfg.moe_intermediate_size // etp,
-                                      cfg.hidden_act, dtype=dtype, device=device)
+                                      cfg.hidden_act, dtype=dtype, device=device, gemm=gemm)
         self.shared_experts = None
         if cfg.shared_intermediate_size:
             # allreduce: sharded over the TP group like any MLP; alltoall: over etp, on this rank's slice
@@ -129,18 +192,41 @@ class MoE(nn.Module):
 
     def _forward_allreduce(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        local = ids - self.first_expert
-        pairs = ((local >= 0) & (local < self.num_local)).flatten().nonzero().squeeze(1)
-        expert = local.flatten()[pairs]
-        order = torch.argsort(expert, stable=True)
-        pairs, expert = pairs[order], expert[order]
-        counts = torch.bincount(expert, minlength=self.num_local).tolist()
-        tokens = pairs // self.cfg.top_k
-        y = self.experts(x.index_select(0, tokens), counts).mul_(weights.flatten()[pairs].unsqueeze(1))
+        if self.experts.backend(x.device) == "loop":
+            tokens, y = self._local_pairs_loop(x, weights, ids)
+        else:
+            tokens, y = self._local_pairs_grouped(x, weights, ids)
         out = torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
         if self.shared_experts is not None:
             out += self.shared_experts(x)
         return reduce_from_tp(out, self.groups.tp)
+
+    def _local_pairs_loop(self, x, weights, ids):
+        """The reference: this rank's (token, expert) pairs picked out and counted on the host
+        (``nonzero``, ``tolist``: CPU only, where they cost no device synchronisation)."""
+        local = ids - self.first_expert
+        pairs = ((local >= 0) & (local < self.num_local)).flatten().nonzero().squeeze(1)  # CPU only: sized on the host
+        expert = local.flatten()[pairs]
+        order = torch.argsort(expert, stable=True)
+        pairs, expert = pairs[order], expert[order]
+        counts = torch.bincount(expert, minlength=self.num_local).tolist()  # CPU only: a host read
+        tokens = pairs // self.cfg.top_k
+        return tokens, self.experts(x.index_select(0, tokens), counts).mul_(weights.flatten()[pairs].unsqueeze(1))
+
+    def _local_pairs_grouped(self, x, weights, ids):
+        """Every (token, expert) pair, sorted by local expert; pairs of other ranks' experts sort last,
+        into a segment no GEMM reads, and are zeroed. Static shapes, no host synchronisation."""
+        local = (ids - self.first_expert).flatten()
+        outside = (local < 0) | (local >= self.num_local)
+        expert = local.masked_fill(outside, self.num_local)
+        order = torch.argsort(expert, stable=True)
+        expert = expert[order]
+        bounds = torch.arange(self.num_local, device=x.device, dtype=expert.dtype)
+        ends = torch.searchsorted(expert, bounds, right=True)  # rows of local experts 0..e
+        tokens = order // self.cfg.top_k
+        y = self.experts.grouped(x.index_select(0, tokens), ends)
+        y = y.masked_fill_(outside[order].unsqueeze(1), 0.0)  # undefined rows: not this rank's experts
+        return tokens, y.mul_(weights.flatten()[order].unsqueeze(1))
 
     def _forward_alltoall(self, x: torch.Tensor) -> torch.Tensor:
         ep, k = self.groups.ep, self.cfg.top_k
@@ -153,10 +239,12 @@ class MoE(nn.Module):
         tokens = order // k
         sent = torch.bincount(ids.flatten(), minlength=self.cfg.num_experts).view(ep.size, self.num_local)
         received = all_to_all(sent, ep, [1] * ep.size, [1] * ep.size)  # [source, local expert]
+        # alltoall only: the collective takes its split sizes as host lists (a host read on any device;
+        # the default "allreduce" dispatch has none)
         send_splits, recv_splits = sent.sum(1).tolist(), received.sum(1).tolist()
         rows = all_to_all(mine.index_select(0, tokens), ep, send_splits, recv_splits)
         # rows arrive grouped by source, then by local expert: run them segment by segment, in place
-        y = self.experts(rows, received.flatten().tolist(), list(range(self.num_local)) * ep.size)
+        y = self.experts(rows, received.flatten().tolist(), list(range(self.num_local)) * ep.size)  # host list, as above
         y = all_to_all(y, ep, recv_splits, send_splits).mul_(weights.flatten()[order].unsqueeze(1))
         out = torch.zeros_like(mine).index_add_(0, tokens, y.to(x.dtype))
         if self.shared_experts is not None:

@@ -33,7 +33,8 @@ def stage_timer(stage: torch.nn.Module, groups: ParallelGroups, *, seed: int = 0
             x = torch.randint(0, stage.vocab_size, (tokens,), generator=gen)
         else:
             x = torch.randn(tokens, stage.hidden_size, generator=gen).to(stage.dtype)
-        x = x.to(groups.device)
+        x = x.to(groups.device)  # drawn on the host (the generator is), then moved
+        # profiling before the run, not the per-chunk path: synchronize so the host clock times the kernels
         groups.accelerator.synchronize(groups.device)
         start = time.perf_counter()
         with torch.inference_mode():

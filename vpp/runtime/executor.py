@@ -9,8 +9,9 @@ two communication modes). This rank runs ``plan.actions[pp_rank]`` in order:
   last-token logits of the request's last chunk.
 * ``S``/``R`` SEND/RECV -- point-to-point on the directional pipeline channel of
   :meth:`ParallelGroups.pp_channel`; receive buffers are sized per chunk (the last one is ragged).
-  Blocking mode waits at once; async mode posts and waits where the data is needed (receives) or at
-  the end (sends).
+  Blocking mode waits at once; async mode posts and waits where the data is needed (receives); a send
+  holds its buffer only until it completes (:class:`~.sends.SendQueue`), and the plan's end waits for
+  the rest.
 * ``L`` HANDOFF  -- nothing moves: the output stays in this rank's activation table for stage s+1.
 
 Request streams (see :mod:`.ir`): before stage 0 computes a request's first chunk, the executor sleeps
@@ -22,10 +23,17 @@ Every wait goes through a :class:`~.watchdog.Watchdog`: a rank that raises posts
 and its action, and the others stop within ``poll_s``; a rank that dies breaks the connection; a rank
 that hangs trips ``timeout_s``. Nothing hangs.
 
-The executor records the simulator's trace format (:mod:`.trace`): compute spans (after device
-synchronisation), blocked send/recv spans, spans for posting non-blocking ops (gloo may move the data
-in the posting thread, so posting can take as long as the transfer), and the scheduling overhead
-(time spent in the interpreter outside compute and communication).
+Devices. Everything the executor allocates (the prompt, receive buffers) lives on the rank's device
+(``groups.device``); the prompt moves there once per run. Nothing in the per-chunk path waits for the
+device: compute spans are timed with device events when ``timed`` (:mod:`.timing`, one
+synchronisation after the run), and the KV caches of a request are reserved at its full length before
+its first chunk (stages that offer ``reserve(request, tokens)``, an optional part of the stage
+contract), so they are allocated once.
+
+The executor records the simulator's trace format (:mod:`.trace`): compute spans, blocked send/recv
+spans, spans for posting non-blocking ops (gloo may move the data in the posting thread, so posting
+can take as long as the transfer), and the scheduling overhead (time spent in the interpreter outside
+compute and communication; on an accelerator "compute" there is the time to queue the kernels).
 """
 
 from __future__ import annotations
@@ -43,7 +51,9 @@ from vpp.plan.ir import COMPUTE, HANDOFF, RECV, SEND, Action, Plan
 from vpp.plan.trace import Span, Trace
 
 from .handshake import RankInfo
-from .watchdog import ExecutionError, Watchdog
+from .sends import SendQueue
+from .timing import ComputeTimer
+from .watchdog import ExecutionError, Watchdog, polls_completion
 
 
 @dataclass
@@ -64,21 +74,28 @@ class ExecutionResult:
 class Executor:
     """Interprets ``plan`` on this rank. ``stages`` maps stage id -> module for every stage the layout
     puts on this pipeline rank; ``infos`` are the handshake descriptors of this rank's pipeline
-    (indexed by pipeline rank), used for receive-buffer shapes."""
+    (indexed by pipeline rank), used for receive-buffer shapes. ``timed``: time computes on the device
+    (events, one synchronisation after the run) rather than by the host clock; it only matters on
+    accelerators, where host-clock spans are the time to queue the kernels."""
 
     def __init__(self, plan: Plan, stages: Mapping[int, torch.nn.Module], groups: ParallelGroups,
                  pipeline: Sequence[RankInfo], *, run_key: str, timeout_s: float = 300.0,
-                 poll_s: float = 0.05, progress: Callable[[int], None] | None = None):
+                 poll_s: float = 0.05, progress: Callable[[int], None] | None = None, timed: bool = True,
+                 extra_tokens: int = 0):
         self.plan, self.stages, self.groups = plan, dict(stages), groups
+        self.extra_tokens = extra_tokens  # cache room past each prompt (tokens the caller will decode)
         self.me = groups.pp.rank
         self.requests = {q.id: q for q in plan.requests}
         self.hidden = {}
         for info in pipeline:
             for st in info.stages:
                 self.hidden[plan.layout.stage_of_layer(st.layer_range[0])] = (st.hidden_size, st.dtype)
-        self.watchdog = Watchdog(run_key, self.me, timeout_s=timeout_s, poll_s=poll_s,
-                                 pollable=groups.accelerator.backend != "gloo", global_ranks=groups.pp.ranks)
+        # the pipeline's process group says how its transfers can be waited for (NCCL/HCCL: polled)
+        self.pollable = polls_completion(groups.pp.pg)
+        self.watchdog = Watchdog(run_key, self.me, timeout_s=timeout_s, poll_s=poll_s, pollable=self.pollable,
+                                 global_ranks=groups.pp.ranks)
         self.device = groups.device
+        self.timed = timed
         self.progress = progress  # called with the number of chunks through stage 0 so far
         layout = plan.layout
         self.gates_remote = plan.concurrency is not None and layout.rank_of(0) != layout.rank_of(layout.last_stage)
@@ -86,21 +103,28 @@ class Executor:
     # --- the interpreter loop ---------------------------------------------------------------------
 
     def run(self, prompts: Mapping[int, torch.Tensor] | None) -> ExecutionResult:
-        self.prompts = dict(prompts or {})
+        # token ids move to this rank's device once; chunks are then slices (no copy per chunk)
+        self.prompts = {q: ids.to(self.device) for q, ids in (prompts or {}).items()}
         self.ready: dict[tuple, torch.Tensor] = {}  # activation (producer stage, request, chunk) -> tensor
         self.pending: dict[tuple, tuple] = {}  # posted async receive: key -> (work, peer, action)
-        self.sends: list[tuple] = []  # posted async sends: (work, tensor, action)
+        self.sends = SendQueue(self.watchdog, pollable=self.pollable)  # async sends, held while in flight
         self.logits: dict[int, torch.Tensor] = {}
         self.spans: list[Span] = []
         self.entered = 0
         busy = 0.0
         actions = self.plan.actions[self.me]
+        acc = self.groups.accelerator
+        # trace-only: device events, resolved with one synchronisation after the run (none per chunk)
+        events = acc.event if self.timed and acc.kind != "cpu" else None
         self.t0 = time.perf_counter()
+        self.timer = ComputeTimer(self.me, self.t0, events=events,
+                                  synchronize=(lambda: acc.synchronize(self.device)) if events else None)
         step, action = 0, None
         try:
             with torch.inference_mode():
                 for step, action in enumerate(actions):
                     busy += self._do(action)
+                    self.sends.sweep()
                 busy += self._finish_sends()
         except ExecutionError:
             self.watchdog.notify_failure(self._where(step, action, "stopped"))
@@ -110,10 +134,14 @@ class Executor:
             self.watchdog.notify_failure(notice)
             raise ExecutionError(notice, rank=self.me, action=str(action), global_rank=self.groups.global_rank) from exc
         finally:
+            self.sends.close()
             self.watchdog.close()
         total = time.perf_counter() - self.t0
-        return ExecutionResult(self.logits, self.spans, max(0.0, total - busy), len(actions),
-                               {"source": "executed", "plan": self.plan.name, "comm": self.plan.comm})
+        spans = sorted(self.timer.finish() + self.spans, key=lambda sp: sp.start)
+        return ExecutionResult(self.logits, spans, max(0.0, total - busy), len(actions),
+                               {"source": "executed", "plan": self.plan.name, "comm": self.plan.comm,
+                                "timing": "host" if acc.kind == "cpu" else self.timer.mode if events else "host-dispatch",
+                                "max_live_sends": self.sends.max_live})
 
     def _where(self, step: int, action: Action | None, what: str) -> str:
         return f"pipeline rank {self.me} (global rank {self.groups.global_rank}) {what} at step {step} ({action})"
@@ -169,12 +197,16 @@ class Executor:
         stage = self.stages[a.stage]
         q = self.requests[a.request]
         last = a.stage == self.plan.layout.last_stage
+        if a.chunk == 0:
+            reserve = getattr(stage, "reserve", None)  # optional in the stage contract
+            if reserve is not None:
+                reserve(a.request, q.length + self.extra_tokens)  # caches sized once for the whole request
         start = self._now()
+        mark = self.timer.begin()
         out = stage(x, a.request, q.offset(a.chunk), last_token_only=last) if last else \
             stage(x, a.request, q.offset(a.chunk))
-        self.groups.accelerator.synchronize(self.device)
+        self.timer.end(mark, a.stage, a.request, a.chunk)
         end = self._now()
-        self.spans.append(Span(self.me, "compute", start, end, a.stage, a.request, a.chunk))
         if self.progress is not None and a.stage == 0:
             self.entered += 1
             self.progress(self.entered)
@@ -205,7 +237,7 @@ class Executor:
         # posting is not free: gloo may write the data out in this thread when the peer is ready
         end = self._now()
         self.spans.append(Span(self.me, "send", start, end, *a.key, peer=a.peer))
-        self.sends.append((work, x, a))
+        self.sends.post(work, x, a)
         return end - start
 
     def _recv(self, a: Action) -> float:
@@ -237,14 +269,9 @@ class Executor:
 
     def _finish_sends(self) -> float:
         blocked = 0.0
-        for work, _, a in self.sends:
-            start = self._now()
-            self.watchdog.wait(work, str(a), a.peer)
-            end = self._now()
-            if end > start:
-                self.spans.append(Span(self.me, "send", start, end, *a.key, peer=a.peer))
+        for start, end, a in self.sends.finish(self._now):
+            self.spans.append(Span(self.me, "send", start, end, *a.key, peer=a.peer))
             blocked += end - start
-        self.sends.clear()
         if self.pending:
             raise RuntimeError(f"receives {sorted(self.pending)} were posted but never consumed")
         return blocked

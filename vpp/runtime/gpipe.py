@@ -39,15 +39,17 @@ def gpipe_prefill(stage: nn.Module, input_ids: torch.Tensor | None, chunk_size: 
         raise ValueError(f"GPipe needs equal micro-batches: seq_len={seq_len} is not a multiple of "
                          f"chunk_size={chunk_size}")
     n = seq_len // chunk_size
-    hidden, dtype = stage.hidden_size, stage.dtype
-    x_in = torch.zeros(chunk_size, dtype=torch.long) if stage.is_first else torch.zeros(chunk_size, hidden, dtype=dtype)
-    x_out = torch.zeros(1, stage.vocab_size, dtype=dtype) if stage.is_last else torch.zeros(chunk_size, hidden, dtype=dtype)
+    hidden, dtype, dev = stage.hidden_size, stage.dtype, groups.device
+    x_in = torch.zeros(chunk_size, dtype=torch.long, device=dev) if stage.is_first else \
+        torch.zeros(chunk_size, hidden, dtype=dtype, device=dev)
+    x_out = torch.zeros(1, stage.vocab_size, dtype=dtype, device=dev) if stage.is_last else \
+        torch.zeros(chunk_size, hidden, dtype=dtype, device=dev)
     wrapped = _ChunkedRequest(stage, request)
     pipe_stage = PipelineStage(wrapped, groups.pp.rank, groups.pp.size, groups.device,
                                input_args=(x_in,), output_args=(x_out,), group=groups.pp.pg)
     schedule = ScheduleGPipe(pipe_stage, n_microbatches=n)
     with torch.no_grad():
-        out = schedule.eval(input_ids) if stage.is_first else schedule.eval()
+        out = schedule.eval(input_ids.to(dev)) if stage.is_first else schedule.eval()
     if stage.is_last:
         return out[-1]
     return None

@@ -65,7 +65,7 @@ def check_prompt(ids: torch.Tensor, stage: StageInfo, what: str = "prompt") -> s
         return f"{what} is empty"
     if ids.dtype not in (torch.int64, torch.int32):
         return f"{what} must hold integer token ids, got {ids.dtype}"
-    lo, hi = int(ids.min()), int(ids.max())
+    lo, hi = int(ids.min()), int(ids.max())  # once per run, before it (a host read; not per chunk)
     if lo < 0 or hi >= stage.vocab_size:
         return f"{what} holds token ids in [{lo}, {hi}] outside the vocabulary [0, {stage.vocab_size})"
     if stage.max_positions is not None and ids.numel() > stage.max_positions:

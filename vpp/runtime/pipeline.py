@@ -87,8 +87,11 @@ class Pipeline:
 
     def prefill(self, input_ids: Any, chunk_size: inputs.Chunking, *, schedule: str = "vpp",
                 request_ids: Sequence[Hashable] | None = None, arrivals: Sequence[float] | None = None,
-                concurrency: int | None = None, return_trace: bool = False, progress=None) -> PrefillOutput:
-        """Prefill one prompt or a stream of them (see :func:`vpp.runtime.api.forward_prefill`)."""
+                concurrency: int | None = None, return_trace: bool = False, progress=None,
+                decode_room: int = 0) -> PrefillOutput:
+        """Prefill one prompt or a stream of them (see :func:`vpp.runtime.api.forward_prefill`).
+        ``decode_room``: tokens each request's caches should hold beyond its prompt (those it will
+        decode), so that they are allocated once."""
         strategy = strategies.get(schedule, strategies.PLANNED)
         chunk_size = inputs.check_chunking(chunk_size)
         if strategy.chunking == "dcpp" and isinstance(chunk_size, int):
@@ -105,7 +108,8 @@ class Pipeline:
         ids = inputs.check_request_ids(request_ids if request_ids is not None else range(len(lengths)), len(lengths))
         plan = self.plan(schedule, requests_for(lengths, chunk_size, ids, arrivals), concurrency)
         executor = Executor(plan, self.mine, self.groups, self.pipeline, run_key=infos[0].run_key,
-                            timeout_s=self.timeout_s, progress=progress)
+                            timeout_s=self.timeout_s, progress=progress, timed=return_trace,
+                            extra_tokens=decode_room)
         by_id = dict(zip(ids, prompts)) if prompts is not None else {}
         if (return_trace or arrivals is not None) and dist.is_initialized() and self.groups.sizes.world_size > 1:
             # traces and arrival times share an origin: start every rank together
@@ -188,7 +192,8 @@ class Pipeline:
             raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
         sampler = sampler or Sampler()
         start = time.perf_counter()
-        out = self.prefill(prompts, chunk_size, schedule=schedule, request_ids=request_ids)
+        out = self.prefill(prompts, chunk_size, schedule=schedule, request_ids=request_ids,
+                           decode_room=max_new_tokens - 1)
         ids = [q.id for q in out.plan.requests]
         self._check_room(out.plan, max_new_tokens)
         tokens = sampler.sample(self.next_logits(out, ids))

@@ -17,10 +17,14 @@ stay blocked in gloo forever, and must not keep the process alive at exit.
 :func:`rendezvous` is the bounded meeting point before a collective (the start-up exchange, barriers,
 gathering traces): every rank announces itself in the store and waits, with the same deadline and
 failure notices, for the others; a rank that does not come is named in the error.
+
+Which of the two applies is a property of the process group the transfer runs on, so the executor asks
+it (:func:`polls_completion`), never the machine.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as futures
 import itertools
 import queue
 import threading
@@ -28,6 +32,17 @@ import time
 from typing import Callable
 
 import torch.distributed as dist
+
+
+POLLABLE_BACKENDS = ("nccl", "hccl")
+
+
+def polls_completion(pg) -> bool:
+    """True when ``Work.is_completed()`` on ``pg`` reports progress without ``wait()`` (NCCL, HCCL):
+    asked of the process group itself (``dist.get_backend(pg)``). False for gloo and for no group."""
+    if pg is None or not dist.is_initialized():
+        return False
+    return str(dist.get_backend(pg)).lower() in POLLABLE_BACKENDS
 
 
 class ExecutionError(RuntimeError):
@@ -41,33 +56,36 @@ class ExecutionError(RuntimeError):
         self.rank, self.action, self.global_rank = rank, action, global_rank
 
 
-class _Worker:
-    """One daemon thread running submitted calls in order; ``submit`` returns (done event, box)."""
+class DaemonExecutor:
+    """Runs submitted calls in order on one daemon thread; ``submit`` returns a
+    ``concurrent.futures.Future``. Unlike ``ThreadPoolExecutor`` (whose threads the interpreter joins
+    at exit), a call abandoned after a failure -- a receive from a rank that hung -- may block its
+    thread forever without keeping the process alive."""
 
-    def __init__(self):
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name="vpp-wait", daemon=True).start()
+    def __init__(self, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
 
     def _loop(self) -> None:
         while True:
-            job = self.jobs.get()
+            job = self._jobs.get()
             if job is None:
                 return
-            fn, done, box = job
+            fn, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
             try:
-                fn()
+                future.set_result(fn())
             except BaseException as exc:  # noqa: BLE001 -- handed to the waiting thread
-                box["error"] = exc
-            finally:
-                done.set()
+                future.set_exception(exc)
 
-    def submit(self, fn: Callable[[], object]) -> tuple[threading.Event, dict]:
-        done, box = threading.Event(), {}
-        self.jobs.put((fn, done, box))
-        return done, box
+    def submit(self, fn: Callable[[], object]) -> futures.Future:
+        future: futures.Future = futures.Future()
+        self._jobs.put((fn, future))
+        return future
 
-    def close(self) -> None:
-        self.jobs.put(None)  # a worker stuck in an abandoned wait never reads it: it is a daemon
+    def shutdown(self) -> None:
+        self._jobs.put(None)  # a thread stuck in an abandoned call never reads it: it is a daemon
 
 
 def default_store():
@@ -92,7 +110,7 @@ class Watchdog:
         self.pollable = pollable  # Work.is_completed() is meaningful (NCCL, HCCL), see the module docstring
         self.global_ranks = global_ranks  # pipeline rank -> global rank, to name a peer to the launcher
         self.store = default_store()
-        self._worker: _Worker | None = None
+        self._pool: DaemonExecutor | None = None
 
     def _global(self, peer: int | None) -> int | None:
         if peer is None or self.global_ranks is None or not 0 <= peer < len(self.global_ranks):
@@ -101,9 +119,9 @@ class Watchdog:
 
     def close(self) -> None:
         # a wait abandoned after a failure may still block its thread (a daemon): do not join it
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def notify_failure(self, message: str) -> None:
         """Tell every rank of the run that this rank failed (first notice wins)."""
@@ -156,17 +174,25 @@ class Watchdog:
         connection breaks, or ``timeout_s`` passes."""
         if self.pollable:
             return self._poll_then_wait(work, what, peer)
-        if self._worker is None:
-            self._worker = _Worker()
-        done, box = self._worker.submit(work.wait)
+        if self._pool is None:
+            self._pool = DaemonExecutor("vpp-wait")
+        self.wait_future(self._pool.submit(work.wait), what, peer)
+
+    def wait_future(self, future: futures.Future, what: str, peer: int | None) -> None:
+        """Wait for ``future`` (a ``work.wait()`` running on a helper thread) with the same failure
+        checks and deadline as :meth:`wait`."""
         deadline = time.monotonic() + self.timeout_s
-        while not done.wait(self.poll_s):
-            self._check(what, peer, deadline)
-        if "error" in box:  # the transfer itself failed: usually the peer went away
-            exc = box["error"]
-            cause = self.failure_notice() or f"pipeline rank {peer} stopped responding ({type(exc).__name__}: {exc})"
-            raise ExecutionError(f"pipeline rank {self.rank} gave up at {what}: {cause}",
-                                 rank=peer, action=what, global_rank=self._global(peer)) from exc
+        while True:
+            try:
+                future.result(timeout=self.poll_s)
+                return
+            except futures.TimeoutError:
+                self._check(what, peer, deadline)
+                continue
+            except Exception as exc:  # the transfer itself failed: usually the peer went away
+                cause = self.failure_notice() or f"pipeline rank {peer} stopped responding ({type(exc).__name__}: {exc})"
+                raise ExecutionError(f"pipeline rank {self.rank} gave up at {what}: {cause}",
+                                     rank=peer, action=what, global_rank=self._global(peer)) from exc
 
     def _poll_then_wait(self, work: dist.Work, what: str, peer: int | None) -> None:
         deadline, pause, checked = time.monotonic() + self.timeout_s, 1e-5, time.monotonic()

@@ -5,8 +5,9 @@ from vpp.parallel.attention.cache import GrowingBuffer, RequestCache
 from vpp.parallel.attention.chunk import Chunk
 from vpp.parallel.attention.dsa import DSASpec, Indexer, sparse_latent_attention
 from vpp.parallel.attention.gqa import GQAttention, KVHeadLinear, kv_head_shard
-from vpp.parallel.attention.kernel import causal_attention, kernel_for
+from vpp.parallel.attention.kernel import attention_lse, causal_attention, kernel_for, merge_partials
 from vpp.parallel.attention.mla import MLAttention, MLASpec
 from vpp.parallel.attention.rope import RopeSpec, RotaryEmbedding, apply_rope, apply_rope_interleaved
+from vpp.parallel.attention.workspace import default_budget, set_workspace_bytes
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,10 +1,16 @@
-"""Per-request caches that grow chunk by chunk.
+"""Per-request caches, allocated once at the length a request will reach.
 
 Design: every attention module owns one :class:`RequestCache` (its KV cache, keyed by request), so a
 stage's caches are exactly its attention modules' caches and freeing a request walks the modules.
-Several requests may be in flight at once (cross-request packing runs chunks of two requests on
-one stage). Each request's tensors live in :class:`GrowingBuffer` s: appends copy only the new rows,
-and capacity doubles when full, so a prefill of n tokens costs O(n) copies in total.
+Several requests may be in flight at once (cross-request packing runs chunks of two requests on one
+stage; decoding appends one token per step to many requests' caches).
+
+Sizing. :meth:`RequestCache.reserve` records how many tokens a request will reach (its prompt, or
+prompt plus the tokens to be decoded); its first append then allocates exactly that many rows, on the
+appended tensor's device and dtype, and later appends only copy their own rows: no reallocation, no
+spare capacity. Appends beyond the reservation (or without one) still work: the buffer grows to
+``max(needed, 2 x capacity)``, amortised O(1) per token, so a caller that under-reserved pays copies
+and up to 2x memory, never an error.
 """
 
 from __future__ import annotations
@@ -15,30 +21,50 @@ import torch
 
 
 class GrowingBuffer:
-    """A tensor that grows along ``dim`` with amortised O(1) appends (capacity doubling)."""
+    """A tensor that grows along ``dim``: exactly ``reserved`` rows at the first append (when given),
+    then capacity doubling for appends beyond it."""
 
-    def __init__(self, dim: int = 0):
+    def __init__(self, dim: int = 0, reserved: int = 0):
         self.dim = dim
         self.length = 0
+        self.reserved = reserved
         self._data: torch.Tensor | None = None
 
     @property
     def capacity(self) -> int:
         return 0 if self._data is None else self._data.shape[self.dim]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated (capacity, not length)."""
+        return 0 if self._data is None else self._data.nbytes
+
+    def reserve(self, rows: int) -> None:
+        """Make room for ``rows`` rows in all: sets the size of the first allocation, or grows an
+        existing buffer to exactly ``rows`` (one copy) if it is smaller. Never shrinks."""
+        self.reserved = max(self.reserved, rows)
+        if self._data is not None and rows > self.capacity:
+            self._resize(rows)
+
     def append(self, x: torch.Tensor) -> torch.Tensor:
         """Append ``x`` (any length along ``dim``); returns a view of everything stored so far."""
         needed = self.length + x.shape[self.dim]
-        if needed > self.capacity:
+        if self._data is None:
             shape = list(x.shape)
-            shape[self.dim] = max(needed, 2 * self.capacity)
-            grown = x.new_empty(shape)
-            if self._data is not None:
-                grown.narrow(self.dim, 0, self.length).copy_(self.view())
-            self._data = grown
+            shape[self.dim] = max(needed, self.reserved)
+            self._data = x.new_empty(shape)
+        elif needed > self.capacity:
+            self._resize(max(needed, 2 * self.capacity))
         self._data.narrow(self.dim, self.length, x.shape[self.dim]).copy_(x)
         self.length = needed
         return self.view()
+
+    def _resize(self, rows: int) -> None:
+        shape = list(self._data.shape)
+        shape[self.dim] = rows
+        grown = self._data.new_empty(shape)
+        grown.narrow(self.dim, 0, self.length).copy_(self.view())
+        self._data = grown
 
     def view(self) -> torch.Tensor:
         assert self._data is not None
@@ -60,6 +86,16 @@ class RequestCache:
         entry = self._entries.get(request)
         return 0 if entry is None else next(iter(entry.values())).length
 
+    def _entry(self, request: Hashable) -> dict[str, GrowingBuffer]:
+        return self._entries.setdefault(request, {n: GrowingBuffer(d) for n, d in self.layouts.items()})
+
+    def reserve(self, request: Hashable, tokens: int) -> None:
+        """``request`` will hold ``tokens`` tokens in all (never shrinks what is reserved)."""
+        if tokens < 0:
+            raise ValueError(f"{self.owner}: cannot reserve {tokens} tokens for request {request!r}")
+        for buf in self._entry(request).values():
+            buf.reserve(tokens)
+
     def append(self, request: Hashable, offset: int, **parts: torch.Tensor) -> dict[str, torch.Tensor]:
         """Append one chunk at token ``offset`` of ``request``; returns every part, prefix included."""
         if set(parts) != set(self.layouts):
@@ -68,19 +104,21 @@ class RequestCache:
         if offset != have:
             raise ValueError(f"{self.owner}: request {request!r} chunk at offset {offset}, "
                              f"but its cache holds {have} tokens")
-        entry = self._entries.setdefault(request, {n: GrowingBuffer(d) for n, d in self.layouts.items()})
+        entry = self._entry(request)
         return {name: entry[name].append(x) for name, x in parts.items()}
 
     def get(self, request: Hashable) -> dict[str, torch.Tensor]:
-        """Every stored part of ``request`` (views; empty for an unknown request)."""
-        return {name: buf.view() for name, buf in self._entries.get(request, {}).items()}
+        """Every stored part of ``request`` (views; empty for an unknown request or one only reserved)."""
+        return {name: buf.view() for name, buf in self._entries.get(request, {}).items() if buf.length}
 
     def release(self, request: Hashable) -> None:
         self._entries.pop(request, None)
 
     def requests(self) -> list[Hashable]:
-        return list(self._entries)
+        """Requests with cached tokens (a reservation alone does not count)."""
+        return [q for q, entry in self._entries.items() if next(iter(entry.values())).length]
 
-    def nbytes(self, request: Hashable) -> int:
-        entry = self._entries.get(request, {})
-        return sum(b._data.nbytes for b in entry.values() if b._data is not None)
+    def nbytes(self, request: Hashable | None = None) -> int:
+        """Bytes allocated for ``request``'s cache, or for every request's (None)."""
+        entries = self._entries.values() if request is None else [self._entries.get(request, {})]
+        return sum(b.nbytes for entry in entries for b in entry.values())

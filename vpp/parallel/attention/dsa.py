@@ -9,7 +9,9 @@ best causal keys of each query. Cost profile: the indexer is O(chunk x prefix) b
 d_I-wide dot product per head, no softmax, no values); attention itself is O(chunk x index_topk):
 :func:`sparse_latent_attention` *gathers* each query's selected rows of the MLA latent cache and
 attends over those only (weight-absorbed MLA), never a masked dense attention over the prefix. Both
-are computed in blocks of queries so the gathered rows stay within a fixed memory budget.
+are computed in blocks of queries sized by the workspace budget (:mod:`.workspace`), so the indexer's
+[queries, heads, prefix] scores and the gathered rows stay within it; nothing in the loop waits for
+the device (the masks are applied unconditionally, not after asking whether any entry is masked).
 
 The indexer is replicated on every TP rank (it is small, and replication needs no all-reduce of a
 [chunk, prefix] score matrix); every rank computes the same selection.
@@ -23,9 +25,8 @@ import torch
 from torch import nn
 
 from vpp.parallel.attention.rope import apply_rope, apply_rope_interleaved
+from vpp.parallel.attention.workspace import UsesWorkspace, default_budget, rows_per_block
 from vpp.parallel.basic import linear
-
-BLOCK_ELEMENTS = 1 << 22  # elements per block of gathered rows / indexer scores (16 MiB in fp32)
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,9 @@ class DSASpec:
     shared: bool = False  # no indexer of its own: reuse the previous full layer's selection (GLM-5)
 
 
-class Indexer(nn.Module):
-    """The lightning indexer (parameter names as in Hugging Face: wq_b, wk, k_norm, weights_proj)."""
+class Indexer(nn.Module, UsesWorkspace):
+    """The lightning indexer (parameter names as in Hugging Face: wq_b, wk, k_norm, weights_proj).
+    ``workspace_bytes`` bounds its per-block scores (None: the device default)."""
 
     def __init__(self, spec: DSASpec, hidden_size: int, q_lora_rank: int, rope_dim: int, *, dtype=None, device=None):
         super().__init__()
@@ -67,7 +69,8 @@ class Indexer(nn.Module):
         weights = self.weights_proj(x).float() * heads ** -0.5
         keys_t, total = keys.float().t(), keys.shape[0]
         k = min(self.spec.index_topk, total)
-        block = max(1, BLOCK_ELEMENTS // (heads * total))
+        # per query: fp32 scores of every head and key, the head-summed index row, its mask
+        block = rows_per_block(self.workspace_budget(x.device), (heads + 2) * total * 4)
         out = []
         for s in range(0, c, block):
             b = min(block, c - s)
@@ -88,26 +91,27 @@ def _future(rows: int, cols: int, first_hidden: int, device) -> torch.Tensor:
 
 
 def sparse_latent_attention(q: torch.Tensor, latent: torch.Tensor, topk: torch.Tensor, value_dim: int,
-                            scale: float) -> torch.Tensor:
+                            scale: float, *, budget: int | None = None) -> torch.Tensor:
     """Attention of each query over its selected rows of an MQA-style latent cache.
 
     q [c, H, D] (weight-absorbed queries), latent [T, D] (one key row per token; its first
     ``value_dim`` columns are the value), topk [c, k] row indices (-1: none). Returns [c, H, value_dim].
-    Cost O(c * k * H * D), independent of T.
+    Cost O(c * k * H * D), independent of T; scratch memory within ``budget`` bytes per block of
+    queries (None: the device default).
     """
     c, heads, width = q.shape
     k = topk.shape[1]
     q = q * scale
-    block = max(1, BLOCK_ELEMENTS // (k * (width + heads)))
+    budget = default_budget(q.device) if budget is None else budget
+    # per query: its gathered rows, fp32 scores and probabilities of every head
+    block = rows_per_block(budget, k * (width * q.element_size() + heads * (4 + q.element_size())))
     out = []
     for s in range(0, c, block):
         idx = topk[s:s + block]
         b = idx.shape[0]
-        hidden = idx < 0
         rows = latent.index_select(0, idx.clamp(min=0).flatten()).view(b, k, width)
         scores = q[s:s + b] @ rows.transpose(1, 2)  # [b, H, k]
-        if bool(hidden.any()):
-            scores.masked_fill_(hidden[:, None, :], float("-inf"))
+        scores.masked_fill_((idx < 0)[:, None, :], float("-inf"))  # always: asking first would sync
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out.append(probs @ rows[..., :value_dim])
     return torch.cat(out)

@@ -1,13 +1,34 @@
-"""The attention kernel, chosen in one place.
+"""The attention kernels, chosen in one place.
 
 :func:`causal_attention` computes softmax(q k^T * scale) v for a chunk whose ``Lq`` queries are the
 *last* ``Lq`` of the ``Lk`` key positions (a chunk after a cached prefix). The causal diagonal is
 therefore aligned bottom-right: query i sees keys 0 .. Lk - Lq + i. (``F.scaled_dot_product_attention
 (is_causal=True)`` aligns it top-left when Lq != Lk, which is wrong after a prefix.)
 
-Kernels: ``torch_npu.npu_fusion_attention`` (sparse_mode 3 = bottom-right causal) on an NPU when
-torch_npu imports; PyTorch SDPA everywhere else (CPU, CUDA). The NPU path is import-guarded and
-untested without the hardware.
+:func:`attention_lse` is the building block for attention computed in pieces: it returns the output
+*and* the log-sum-exp of each query's scores over the keys it was given, and :func:`merge_partials`
+combines two pieces exactly (the "online softmax" merge of FlashAttention / ring attention)::
+
+    lse = logaddexp(lse_a, lse_b);  out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b
+
+It takes two kinds of pieces only, so every kernel agrees on the mask: ``causal=False`` (every query
+sees every key given) and ``causal=True`` with as many queries as keys (query i sees keys 0..i).
+
+Kernels, per device kind:
+
+* CPU: ``causal_attention`` with Lq < Lk is the prefix (no mask) merged with the square diagonal
+  (``is_causal``): no [Lq, Lk] mask is built, so its memory does not grow with the prefix; pieces come
+  from ``aten._scaled_dot_product_flash_attention_for_cpu`` (it returns the log-sum-exp).
+* CUDA: PyTorch SDPA with the lazy bottom-right causal bias (no mask materialised); pieces from
+  ``aten._scaled_dot_product_flash_attention`` (fp16/bf16) or ``_efficient_attention`` (fp32).
+* NPU: ``torch_npu.npu_fusion_attention`` (sparse_mode 3 = bottom-right causal, grouped-query heads
+  natively); pieces from the same op's softmax max/sum. Import-guarded and untested without the
+  hardware (``benchmarks/device_check.py`` exercises it on a machine that has one).
+* anywhere else: explicit scores (the reference the others are tested against).
+
+Grouped-query heads (Hk dividing Hq): a piece without a mask stacks the query heads that share a key
+head along the query axis (no copy of K/V); a causal piece repeats the K/V heads of its (chunk-sized)
+keys.
 """
 
 from __future__ import annotations
@@ -21,24 +42,76 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+Partial = tuple[torch.Tensor, torch.Tensor]  # (output [H, Lq, Dv], log-sum-exp [H, Lq] fp32)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q [Hq, Lq, D], k [Hk, Lk, D], v [Hk, Lk, Dv] with Hk dividing Hq (grouped-query heads) and
     Lq <= Lk; returns [Hq, Lq, Dv]."""
+    _check_heads(q, k)
     if q.shape[1] > k.shape[1]:
         raise ValueError(f"{q.shape[1]} queries but only {k.shape[1]} keys: the chunk must be in the keys")
+    return kernel_for(q.device.type)(q, k, v, scale)
+
+
+def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *,
+                  causal: bool = False) -> Partial:
+    """One piece of an attention: q [Hq, Lq, D] over k [Hk, Lk, D], v [Hk, Lk, Dv] (Hk dividing Hq).
+    ``causal=False``: every query sees every key; ``causal=True`` needs Lq == Lk and lets query i see
+    keys 0..i. Returns (output [Hq, Lq, Dv] in q's dtype, log-sum-exp [Hq, Lq] in fp32)."""
+    _check_heads(q, k)
+    if causal and q.shape[1] != k.shape[1]:
+        raise ValueError(f"a causal piece needs as many queries as keys, got {q.shape[1]} and {k.shape[1]}")
+    if k.shape[1] == 0:
+        raise ValueError("an attention piece needs at least one key")
+    hq, hk = q.shape[0], k.shape[0]
+    if hq == hk:
+        return lse_kernel_for(q.device.type)(q, k, v, scale, causal)
+    group = hq // hk
+    if causal:  # chunk-sized keys: repeat them per query head
+        return lse_kernel_for(q.device.type)(q, k.repeat_interleave(group, 0), v.repeat_interleave(group, 0),
+                                             scale, True)
+    lq = q.shape[1]
+    stacked = q.reshape(hk, group * lq, q.shape[-1])  # query heads sharing key head j, one after another
+    out, lse = lse_kernel_for(q.device.type)(stacked, k, v, scale, False)
+    return out.reshape(hq, lq, out.shape[-1]), lse.reshape(hq, lq)
+
+
+def merge_partials(a: Partial, b: Partial) -> Partial:
+    """Attention over the union of two disjoint key sets from the two pieces (fp32 log-sum-exp weights;
+    the output keeps ``a``'s dtype)."""
+    (out_a, lse_a), (out_b, lse_b) = a, b
+    lse = torch.logaddexp(lse_a, lse_b)
+    wa, wb = (lse_a - lse).exp_().unsqueeze(-1), (lse_b - lse).exp_().unsqueeze(-1)
+    out = out_a.float().mul_(wa).add_(out_b.float().mul_(wb))
+    return out.to(out_a.dtype), lse
+
+
+def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
     if q.shape[0] % k.shape[0]:
         raise ValueError(f"{k.shape[0]} key heads do not divide {q.shape[0]} query heads")
-    return kernel_for(q.device.type)(q, k, v, scale)
 
 
 @lru_cache(maxsize=None)
 def kernel_for(device_type: str) -> Kernel:
-    """The kernel for a device kind: the one place where it is chosen."""
+    """The causal kernel for a device kind: the one place where it is chosen."""
     if device_type == "npu" and _torch_npu() is not None:
         return _npu_fused
+    if device_type == "cpu":
+        return _cpu_split
     return _sdpa
+
+
+@lru_cache(maxsize=None)
+def lse_kernel_for(device_type: str):
+    """The piece kernel (output and log-sum-exp, equal head counts) for a device kind."""
+    if device_type == "cpu":
+        return _cpu_lse
+    if device_type == "cuda":
+        return _cuda_lse
+    if device_type == "npu" and _torch_npu() is not None:
+        return _npu_lse
+    return math_lse
 
 
 def _same_width(q, k, v):
@@ -50,8 +123,8 @@ def _same_width(q, k, v):
 
 def _sdpa(q, k, v, scale):
     lq, lk, dv = q.shape[1], k.shape[1], v.shape[-1]
-    q, k, v = _same_width(q, k, v)  # different widths send SDPA to its slow math path on CPU
-    mask = None if lq == lk else _bottom_right_mask(lq, lk, q.dtype, q.device)
+    q, k, v = _same_width(q, k, v)  # different widths send SDPA to its slow math path
+    mask = None if lq == lk else causal_lower_right(lq, lk)  # lazy: CUDA kernels never materialise it
     out = F.scaled_dot_product_attention(
         q[None], k[None], v[None], attn_mask=mask, is_causal=lq == lk, scale=scale,
         enable_gqa=q.shape[0] != k.shape[0],
@@ -59,18 +132,48 @@ def _sdpa(q, k, v, scale):
     return out[0, ..., :dv]
 
 
-def _bottom_right_mask(lq: int, lk: int, dtype: torch.dtype, device: torch.device):
-    if device.type != "cpu":  # CUDA kernels take the lazy bias without materialising it
-        return causal_lower_right(lq, lk)
-    return _additive_mask(lq, lk, dtype)
+def _cpu_split(q, k, v, scale):
+    """CPU: the square diagonal with ``is_causal``; after a prefix, the prefix piece (no mask) merged
+    with the diagonal piece. The memory of neither grows with the prefix beyond K/V themselves."""
+    lq, lk = q.shape[1], k.shape[1]
+    if lq == lk:
+        return _sdpa(q, k, v, scale)
+    prefix = lk - lq
+    whole = attention_lse(q, k[:, :prefix], v[:, :prefix], scale)
+    diag = attention_lse(q, k[:, prefix:], v[:, prefix:], scale, causal=True)
+    return merge_partials(whole, diag)[0]
 
 
-@lru_cache(maxsize=2)  # lq x lk floats each (64 MiB at 1K x 16K): the current chunk shape, and one more
-def _additive_mask(lq: int, lk: int, dtype: torch.dtype) -> torch.Tensor:
-    """0 where query i may see key j (j <= lk - lq + i), -inf elsewhere; built once per chunk shape
-    and shared by every layer (SDPA would otherwise convert a boolean mask on every call)."""
-    allowed = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)
-    return torch.zeros(lq, lk, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+def _cpu_lse(q, k, v, scale, causal):
+    dv = v.shape[-1]
+    q, k, v = _same_width(q, k, v)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q[None], k[None], v[None], 0.0, causal, scale=scale)
+    return out[0, ..., :dv], lse[0]
+
+
+def _cuda_lse(q, k, v, scale, causal):
+    dv = v.shape[-1]
+    q, k, v = _same_width(q, k, v)
+    if q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+            q[None], k[None], v[None], 0.0, causal, False, scale=scale)[:2]
+    else:
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q[None], k[None], v[None], None, True, 0.0, causal, scale=scale)[:2]
+    return out[0, ..., :dv], lse[0, :, : q.shape[1]]  # the efficient kernel pads lse to 32 queries
+
+
+def math_lse(q, k, v, scale, causal):
+    """Explicit scores in fp32: the reference piece (and the kernel for devices without another)."""
+    scores = (q.float() @ k.float().transpose(1, 2)).mul_(scale)
+    if causal:
+        n = q.shape[1]
+        hidden = torch.ones(n, n, dtype=torch.bool, device=q.device).triu_(1)
+        scores.masked_fill_(hidden, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = (scores - lse.unsqueeze(-1)).exp_() @ v.float()
+    return out.to(q.dtype), lse
 
 
 def _torch_npu():
@@ -81,17 +184,28 @@ def _torch_npu():
 
 
 def _npu_fused(q, k, v, scale):
+    """npu_fusion_attention, BNSD layout, bottom-right causal (sparse_mode 3); key heads dividing the
+    query heads are handled by the op itself (no repeated K/V)."""
     npu = _torch_npu()
     heads, dv = q.shape[0], v.shape[-1]
-    if k.shape[0] != heads:  # repeat KV heads rather than rely on the op's GQA support
-        k = k.repeat_interleave(heads // k.shape[0], dim=0)
-        v = v.repeat_interleave(heads // v.shape[0], dim=0)
     q, k, v = _same_width(q, k, v)
     out = npu.npu_fusion_attention(
         q[None], k[None], v[None], heads, "BNSD", atten_mask=_npu_causal_mask(q.device),
         scale=scale, sparse_mode=3,
     )[0]
     return out[0, ..., :dv]
+
+
+def _npu_lse(q, k, v, scale, causal):
+    """npu_fusion_attention's softmax statistics give the log-sum-exp: max + log(sum) (both
+    [B, N, S, 8] fp32, the 8 copies equal)."""
+    npu = _torch_npu()
+    heads, dv = q.shape[0], v.shape[-1]
+    q, k, v = _same_width(q, k, v)
+    # a causal piece is square, where the bottom-right diagonal (sparse_mode 3, as above) is the top-left one
+    kw = dict(atten_mask=_npu_causal_mask(q.device), sparse_mode=3) if causal else {}
+    out, smax, ssum = npu.npu_fusion_attention(q[None], k[None], v[None], heads, "BNSD", scale=scale, **kw)[:3]
+    return out[0, ..., :dv], smax[0, ..., 0] + ssum[0, ..., 0].log()
 
 
 @lru_cache(maxsize=None)

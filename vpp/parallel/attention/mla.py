@@ -8,9 +8,13 @@ Cache: the *compressed* latent, [tokens, kv_lora_rank + qk_rope_head_dim] per re
 c_kv and the rotated shared rope key), plus the indexer keys under DSA -- 576 numbers per token for
 DeepSeek-V3 instead of 128 heads x (192 + 128) for expanded K and V. It is replicated on the TP
 ranks (each computes it; sharding it would need an all-gather per chunk).
-A dense chunk up-projects the whole cached latent with kv_b_proj (this rank's heads) and runs the
-attention kernel on per-head K/V: O(prefix) extra work per chunk, linear like the attention
-itself. A sparse DSA chunk (prefix longer than index_topk) never expands: its queries are absorbed
+A dense chunk up-projects the cached latent with kv_b_proj (this rank's heads) and runs the
+attention kernel on per-head K/V: O(prefix) extra work per chunk, linear like the attention itself.
+It does so in blocks of keys sized by the workspace budget (:mod:`.workspace`): each block of the
+prefix is expanded, attended to (no mask: the whole prefix precedes the chunk) and merged into the
+running result by its log-sum-exp (:func:`~.kernel.merge_partials`); the chunk's own keys follow in
+square causal pieces. So the expanded K/V never exceed one block, whatever the prefix; a chunk whose
+keys fit one block runs the plain causal kernel. A sparse DSA chunk (prefix longer than index_topk) never expands: its queries are absorbed
 into the latent space (q_nope W_UK) and attend over their gathered top-k latent rows; the output is
 up-projected with W_UV -- O(chunk x index_topk).
 """
@@ -25,8 +29,9 @@ from torch import nn
 from vpp.parallel.attention.cache import RequestCache
 from vpp.parallel.attention.chunk import Chunk
 from vpp.parallel.attention.dsa import DSASpec, Indexer, sparse_latent_attention
-from vpp.parallel.attention.kernel import causal_attention
+from vpp.parallel.attention.kernel import attention_lse, causal_attention, merge_partials
 from vpp.parallel.attention.rope import apply_rope, apply_rope_interleaved
+from vpp.parallel.attention.workspace import UsesWorkspace, rows_per_block
 from vpp.parallel.basic import RMSNorm, linear
 from vpp.parallel.groups import Group
 from vpp.parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -46,8 +51,9 @@ class MLASpec:
     bias: bool = False
 
 
-class MLAttention(nn.Module):
-    """MLA over this rank's heads; with ``dsa`` each query attends to its top-k keys only."""
+class MLAttention(nn.Module, UsesWorkspace):
+    """MLA over this rank's heads; with ``dsa`` each query attends to its top-k keys only.
+    ``workspace_bytes`` bounds the expanded keys/values of a dense chunk (see the module docstring)."""
 
     def __init__(self, spec: MLASpec, group: Group, *, dsa: DSASpec | None = None, dtype=None, device=None):
         super().__init__()
@@ -106,16 +112,48 @@ class MLAttention(nn.Module):
             out = self._sparse(q_nope, q_rope, cached["latent"], chunk.topk)
         return self.o_proj(out.reshape(c, self.local_heads * s.v_head_dim))
 
-    def _dense(self, q_nope, q_rope, latent) -> torch.Tensor:
-        """Expand the cached latent to per-head K/V and run the causal kernel. Returns [c, heads, v]."""
-        s, total = self.spec, latent.shape[0]
-        kv = self.kv_b_proj(latent[:, : s.kv_lora_rank]).view(total, self.local_heads, -1)
+    def _expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head K [heads, n, qk] and V [heads, n, v] of ``n`` cached latent rows."""
+        s, n = self.spec, latent.shape[0]
+        kv = self.kv_b_proj(latent[:, : s.kv_lora_rank]).view(n, self.local_heads, -1)
         k_nope, v = kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=-1)
-        k_rope = latent[:, None, s.kv_lora_rank:].expand(total, self.local_heads, s.qk_rope_head_dim)
-        k = torch.cat((k_nope, k_rope), dim=-1)
-        q = torch.cat((q_nope, q_rope), dim=-1)
-        out = causal_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), s.softmax_scale)
-        return out.transpose(0, 1)
+        k_rope = latent[:, None, s.kv_lora_rank:].expand(n, self.local_heads, s.qk_rope_head_dim)
+        return torch.cat((k_nope, k_rope), dim=-1).transpose(0, 1), v.transpose(0, 1)
+
+    def key_block(self, device: torch.device, dtype: torch.dtype) -> int:
+        """Keys expanded at once: the workspace budget over the bytes one expanded key costs (the
+        kv_b_proj output, the concatenated key, the value padded to the key width, one copy)."""
+        s = self.spec
+        qk = s.qk_nope_head_dim + s.qk_rope_head_dim
+        row = self.local_heads * (s.qk_nope_head_dim + s.v_head_dim + 3 * qk) * dtype.itemsize
+        return rows_per_block(self.workspace_budget(device), row)
+
+    def _dense(self, q_nope, q_rope, latent) -> torch.Tensor:
+        """Attention of the chunk's queries over every cached key, the latent expanded to per-head K/V
+        one block of keys at a time (see the module docstring). Returns [c, heads, v]."""
+        s, total, c = self.spec, latent.shape[0], q_nope.shape[0]
+        q = torch.cat((q_nope, q_rope), dim=-1).transpose(0, 1)  # [heads, c, qk]
+        block = self.key_block(q.device, q.dtype)
+        if total <= block:
+            k, v = self._expand(latent)
+            return causal_attention(q, k, v, s.softmax_scale).transpose(0, 1)
+        prefix = total - c
+        acc = None  # (out [heads, c, v] fp32, lse [heads, c]) over the keys seen so far
+        for start in range(0, prefix, block):  # the prefix: every query sees every key
+            k, v = self._expand(latent[start:min(prefix, start + block)])
+            acc = _merge_rows(acc, attention_lse(q, k, v, s.softmax_scale), 0)
+            del k, v  # before the next block is expanded: one block alive at a time
+        for start in range(prefix, total, block):  # the chunk's own keys [start, end)
+            end = min(total, start + block)
+            k, v = self._expand(latent[start:end])
+            first, last = start - prefix, end - prefix  # queries [first, last) see them causally,
+            part = attention_lse(q[:, first:last], k, v, s.softmax_scale, causal=True)
+            if last < c:  # and queries [last, c) see all of them
+                rest = attention_lse(q[:, last:], k, v, s.softmax_scale)
+                part = (torch.cat((part[0], rest[0]), 1), torch.cat((part[1], rest[1]), 1))
+            acc = _merge_rows(acc, part, first)
+            del k, v, part
+        return acc[0].to(q.dtype).transpose(0, 1)
 
     def _sparse(self, q_nope, q_rope, latent, topk) -> torch.Tensor:
         """Weight-absorbed attention over each query's gathered top-k latent rows. Returns [c, heads, v]."""
@@ -124,5 +162,20 @@ class MLAttention(nn.Module):
         w_uk, w_uv = w[:, : s.qk_nope_head_dim], w[:, s.qk_nope_head_dim:]
         q_latent = (q_nope.transpose(0, 1) @ w_uk).transpose(0, 1)  # [c, heads, kv_lora_rank]
         q = torch.cat((q_latent, q_rope), dim=-1)
-        out = sparse_latent_attention(q, latent, topk, s.kv_lora_rank, s.softmax_scale)  # [c, heads, r]
+        out = sparse_latent_attention(q, latent, topk, s.kv_lora_rank, s.softmax_scale,
+                                      budget=self.workspace_budget(q.device))  # [c, heads, r]
         return (out.transpose(0, 1) @ w_uv.transpose(1, 2)).transpose(0, 1)
+
+
+def _merge_rows(acc, part, first: int):
+    """Merge ``part`` (queries ``first`` onwards) into ``acc`` (every query), or start ``acc`` (fp32)
+    with it when ``first == 0``. Queries before ``first`` keep their running result."""
+    if acc is None:
+        if first:
+            raise AssertionError("the first block of keys must cover every query")
+        return part[0].float(), part[1]
+    if first == 0:
+        return merge_partials(acc, part)
+    out, lse = merge_partials((acc[0][:, first:], acc[1][:, first:]), part)
+    acc[0][:, first:], acc[1][:, first:] = out, lse
+    return acc

@@ -57,8 +57,8 @@ class RopeSpec:
             attention_factor_override=params.get("attention_factor"), truncate=params.get("truncate", True),
         )
 
-    def inv_freq(self) -> torch.Tensor:
-        exponents = torch.arange(0, self.dim, 2, dtype=torch.int64).float() / self.dim
+    def inv_freq(self, device=None) -> torch.Tensor:
+        exponents = torch.arange(0, self.dim, 2, dtype=torch.int64, device=device).float() / self.dim
         base = self.theta ** exponents
         if self.rope_type == "default":
             return 1.0 / base
@@ -71,7 +71,7 @@ class RopeSpec:
         low, high = max(low, 0), min(high, self.dim - 1)
         if low == high:
             high += 0.001
-        ramp = ((torch.arange(self.dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        ramp = ((torch.arange(self.dim // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
         extrapolate = 1 - ramp
         return (1.0 / (self.factor * base)) * (1 - extrapolate) + (1.0 / base) * extrapolate
 
@@ -104,7 +104,7 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, spec: RopeSpec, *, device=None):
         super().__init__()
         self.spec = spec
-        self.register_buffer("inv_freq", spec.inv_freq().to(device), persistent=False)
+        self.register_buffer("inv_freq", spec.inv_freq(device), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
