@@ -11,7 +11,6 @@ Timings on a shared 2-core machine are indicative only; use `vpp prefill --repea
 import argparse
 import time
 
-import torch
 import torch.distributed as dist
 
 from vpp.models import prompt_ids

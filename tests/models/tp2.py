@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from vpp.parallel import Group, ParallelGroups, initialize_model_parallel
+from vpp.parallel import Group, initialize_model_parallel
 
 CHUNKS = (37, 16, 7, 1)  # whole prompt, ragged last chunks, one token at a time
 MOE_LAYOUTS = ((1, "allreduce"), (2, "allreduce"), (2, "alltoall"))

@@ -5,7 +5,7 @@ import pytest
 from vpp.perf.arch import Arch
 from vpp.perf.configs import get_config
 from vpp.perf.deployment import DeploymentCost
-from vpp.perf.hardware import ASCEND_910C, Device, get_device
+from vpp.perf.hardware import ASCEND_910C, get_device
 from vpp.perf.ops import Op, Parallel, embed_ops, head_ops, layer_ops
 from vpp.perf.runs import Setup, run
 from vpp.plan import make_layout

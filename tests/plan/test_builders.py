@@ -1,12 +1,11 @@
 """Plan builders: properties over layouts and request mixes, and the shape of the VPP orders."""
 
-from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vpp.plan import (COMPUTE, HANDOFF, RECV, SEND, LinearCost, Request, Task, build_cpp, build_plan,
+from vpp.plan import (COMPUTE, HANDOFF, RECV, LinearCost, Request, Task, build_cpp, build_plan,
                            build_vpp, build_vpp_async, chunk_requests, link_group, make_layout,
                            plan_from_orders, simulate, verify)
 from vpp.plan.order import list_schedule, slot_key

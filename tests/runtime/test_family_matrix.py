@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from vpp.models import build_stage, model_config, random_checkpoint
-from vpp.models.registry import snap_partition
 from vpp.models.tiny import TINY_CONFIGS
 from vpp.parallel import ParallelGroups, initialize_model_parallel, run_distributed
 from vpp.plan import make_layout

@@ -59,7 +59,7 @@ def _grid_run(rank, world, tp, pp, cases, prompts):
     from vpp.bench.prefill import layout_for
     from vpp.models.registry import open_model
     from vpp.parallel import initialize_model_parallel
-    from vpp.runtime import Pipeline, Sampler, profile_planner
+    from vpp.runtime import Pipeline, profile_planner
 
     groups = initialize_model_parallel(tp, pp)
     results = {}

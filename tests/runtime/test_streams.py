@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from vpp.models.registry import open_model
-from vpp.models.toy import ToyStage
 from vpp.parallel import ParallelGroups, initialize_model_parallel, run_distributed
 from vpp.plan import make_layout, request_done_times
 from vpp.runtime.api import forward_prefill

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import paper
-from .sweep import Point, at, best
+from .sweep import Point, best
 
 TOL = 0.10
 ABS_TOL = {"s": 0.01, "%": 0.1}

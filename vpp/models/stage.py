@@ -29,7 +29,7 @@ from typing import Hashable
 import torch
 from torch import nn
 
-from vpp.parallel.attention import Chunk, RotaryEmbedding
+from vpp.parallel.attention import Batch, Chunk, RotaryEmbedding
 from vpp.parallel.basic import RMSNorm
 from vpp.parallel.groups import ParallelGroups
 from vpp.parallel.layers import ParallelLMHead, VocabParallelEmbedding
@@ -77,6 +77,26 @@ class Stage(nn.Module):
         if last_token_only:
             h = h[-1:]
         return self.lm_head(self.model.norm(h))
+
+    @torch.inference_mode()
+    def decode(self, x: torch.Tensor, requests: list[Hashable]) -> torch.Tensor:
+        """One new position for each of ``requests`` (a decode step): ``x`` is [B] token ids on the
+        first stage, else hidden states [B, hidden]; returns [B, hidden] or, on the last stage, the
+        next-token logits [B, vocab]. Projections, norms and MLPs (MoE routing included) run on the
+        whole batch; attention runs row by row against each request's cache, which grows by one."""
+        offsets = [self.cache_length(q) for q in requests]
+        missing = [q for q, n in zip(requests, offsets) if n == 0]
+        if missing:
+            raise ValueError(f"stage {self.layer_range}: requests {missing} have no cached prompt to decode from")
+        if len(x) != len(requests):
+            raise ValueError(f"stage {self.layer_range}: {len(x)} inputs for {len(requests)} requests")
+        h = self._embed(x)
+        cos, sin = self.rope(torch.tensor(offsets, device=h.device), h.dtype)
+        batch = Batch([Chunk(q, n, cos[i:i + 1], sin[i:i + 1]) for i, (q, n) in enumerate(zip(requests, offsets))],
+                      cos, sin)
+        for layer in self.model.layers.values():
+            h = layer(h, batch)
+        return self.lm_head(self.model.norm(h)) if self.is_last else h
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
         if self.is_first:

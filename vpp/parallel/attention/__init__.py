@@ -2,7 +2,7 @@
 (DeepSeek-V3.2, GLM-5), with per-request caches and one place that picks the kernel."""
 
 from vpp.parallel.attention.cache import GrowingBuffer, RequestCache
-from vpp.parallel.attention.chunk import Chunk
+from vpp.parallel.attention.chunk import Batch, Chunk
 from vpp.parallel.attention.dsa import DSASpec, Indexer, sparse_latent_attention
 from vpp.parallel.attention.gqa import GQAttention, KVHeadLinear, kv_head_shard
 from vpp.parallel.attention.kernel import attention_lse, causal_attention, kernel_for, merge_partials

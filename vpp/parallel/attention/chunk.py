@@ -1,4 +1,7 @@
-"""What every attention layer of a stage is told about the chunk it processes."""
+"""What every attention layer of a stage is told about the tokens it processes: a :class:`Chunk` of
+one request (prefill), or a :class:`Batch` of one new token for each of several requests (a decode
+step: projections and MLPs run on the whole batch, attention row by row against each request's own
+cache)."""
 
 from __future__ import annotations
 
@@ -26,3 +29,18 @@ class Chunk:
     @property
     def size(self) -> int:
         return self.cos.shape[0]
+
+
+@dataclass
+class Batch:
+    """One token for each of several requests: row ``i`` is position ``rows[i].offset`` of request
+    ``rows[i].request`` (each row a one-token :class:`Chunk`, with its own rotary row and, under DSA,
+    its own top-k). ``cos``/``sin`` stack the rows' rotary tables ([B, rope_dim])."""
+
+    rows: list[Chunk]
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)

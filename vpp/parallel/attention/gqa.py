@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from vpp.parallel.attention.cache import RequestCache
-from vpp.parallel.attention.chunk import Chunk
+from vpp.parallel.attention.chunk import Batch, Chunk
 from vpp.parallel.attention.kernel import causal_attention
 from vpp.parallel.attention.rope import apply_rope
 from vpp.parallel.basic import RMSNorm
@@ -67,7 +67,7 @@ class GQAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, eps, **kw) if qk_norm else None
         self.cache = RequestCache("GQAttention", {"k": 1, "v": 1})
 
-    def forward(self, x: torch.Tensor, chunk: Chunk) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, chunk: Chunk | Batch) -> torch.Tensor:
         c, d = x.shape[0], self.head_dim
         q = self.q_proj(x).view(c, -1, d)
         k = self.k_proj(x).view(c, -1, d)
@@ -75,6 +75,13 @@ class GQAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, chunk.cos, chunk.sin), apply_rope(k, chunk.cos, chunk.sin)
+        if isinstance(chunk, Batch):  # a decode step: each row against its own request's cache
+            out = torch.cat([self._attend(q[i:i + 1], k[i:i + 1], v[i:i + 1], row) for i, row in enumerate(chunk.rows)])
+        else:
+            out = self._attend(q, k, v, chunk)
+        return self.o_proj(out.reshape(c, self.local_heads * d))
+
+    def _attend(self, q, k, v, chunk: Chunk) -> torch.Tensor:
+        """Append one request's new K/V and attend its queries over its cache. Returns [c, heads, d]."""
         kv = self.cache.append(chunk.request, chunk.offset, k=k.transpose(0, 1), v=v.transpose(0, 1))
-        out = causal_attention(q.transpose(0, 1), kv["k"], kv["v"], self.scale)  # [heads, c, d]
-        return self.o_proj(out.transpose(0, 1).reshape(c, self.local_heads * d))
+        return causal_attention(q.transpose(0, 1), kv["k"], kv["v"], self.scale).transpose(0, 1)

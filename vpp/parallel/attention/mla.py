@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from vpp.parallel.attention.cache import RequestCache
-from vpp.parallel.attention.chunk import Chunk
+from vpp.parallel.attention.chunk import Batch, Chunk
 from vpp.parallel.attention.dsa import DSASpec, Indexer, sparse_latent_attention
 from vpp.parallel.attention.kernel import attention_lse, causal_attention, merge_partials
 from vpp.parallel.attention.rope import apply_rope, apply_rope_interleaved
@@ -85,7 +85,7 @@ class MLAttention(nn.Module, UsesWorkspace):
         layout = {"latent": 0, "index_k": 0} if self.indexer is not None else {"latent": 0}
         self.cache = RequestCache("MLAttention", layout)
 
-    def forward(self, x: torch.Tensor, chunk: Chunk) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, chunk: Chunk | Batch) -> torch.Tensor:
         s, c = self.spec, x.shape[0]
         q_resid = None
         if s.q_lora_rank is None:
@@ -100,17 +100,27 @@ class MLAttention(nn.Module, UsesWorkspace):
         parts = {"latent": torch.cat((self.kv_a_layernorm(latent), k_rope), dim=-1)}
         if self.indexer is not None:
             parts["index_k"] = self.indexer.keys(x, chunk.cos, chunk.sin)
-        cached = self.cache.append(chunk.request, chunk.offset, **parts)
-        total = chunk.offset + c
-        if self.dsa is None or total <= self.dsa.index_topk:  # every causal key is selected: dense
-            out = self._dense(q_nope, q_rope, cached["latent"])
+        if isinstance(chunk, Batch):  # a decode step: each row against its own request's cache
+            rows = lambda t, i: None if t is None else t[i:i + 1]  # noqa: E731
+            out = torch.cat([self._attend(x[i:i + 1], rows(q_resid, i), q_nope[i:i + 1], q_rope[i:i + 1],
+                                          {k: v[i:i + 1] for k, v in parts.items()}, row)
+                             for i, row in enumerate(chunk.rows)])
         else:
-            if self.indexer is not None:
-                chunk.topk = self.indexer.select(x, q_resid, cached["index_k"], chunk.offset, chunk.cos, chunk.sin)
-            elif chunk.topk is None:
-                raise RuntimeError("a shared-indexer DSA layer ran before any full-indexer layer of its chunk")
-            out = self._sparse(q_nope, q_rope, cached["latent"], chunk.topk)
+            out = self._attend(x, q_resid, q_nope, q_rope, parts, chunk)
         return self.o_proj(out.reshape(c, self.local_heads * s.v_head_dim))
+
+    def _attend(self, x, q_resid, q_nope, q_rope, parts, chunk: Chunk) -> torch.Tensor:
+        """Append one request's new latent (and indexer keys) and attend its queries over its cache,
+        densely or, past ``index_topk`` keys under DSA, over each query's top-k. Returns [c, heads, v]."""
+        cached = self.cache.append(chunk.request, chunk.offset, **parts)
+        total = chunk.offset + x.shape[0]
+        if self.dsa is None or total <= self.dsa.index_topk:  # every causal key is selected: dense
+            return self._dense(q_nope, q_rope, cached["latent"])
+        if self.indexer is not None:
+            chunk.topk = self.indexer.select(x, q_resid, cached["index_k"], chunk.offset, chunk.cos, chunk.sin)
+        elif chunk.topk is None:
+            raise RuntimeError("a shared-indexer DSA layer ran before any full-indexer layer of its chunk")
+        return self._sparse(q_nope, q_rope, cached["latent"], chunk.topk)
 
     def _expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head K [heads, n, qk] and V [heads, n, v] of ``n`` cached latent rows."""
