@@ -90,7 +90,7 @@ def test_mla_prefix_blocks_equal_the_unblocked_attention(monkeypatch, keys_per_b
         return lambda q, k, *rest: keys_seen.append(k.shape[1]) or kernel(q, k, *rest)
     monkeypatch.setattr(kernel_module, "lse_kernel_for", spy)
     torch.testing.assert_close(_run(blocked, x, chunk), expected, **TOL)
-    if keys_per_block < 23:
+    if keys_per_block < 23 and chunk > 1:  # one-token chunks take the absorbed path (test below)
         assert keys_seen and max(keys_seen) <= keys_per_block  # no piece saw more keys than the budget
     assert rows_per_block(1, 10) == 1 and rows_per_block(100, 10) == 10
 
@@ -134,3 +134,27 @@ def test_request_cache_reserve_grows_never_shrinks_and_counts_bytes():
     assert sorted(cache.requests()) == ["a", "b"]
     with pytest.raises(ValueError, match="cannot reserve -1 tokens"):
         cache.reserve("c", -1)
+
+
+@pytest.mark.parametrize("keys_per_block", [1, 4, 64])
+def test_one_query_attends_in_the_latent_space_within_the_budget(monkeypatch, keys_per_block):
+    """A decode step (one query) never expands the cache: it equals the expanded dense attention, and
+    with a small budget reads the latent in blocks of at most that many keys."""
+    import vpp.parallel.attention.mla as mla_module
+    x = _randn(6, 23, 32)
+    module = _mla()
+    module.workspace_bytes = 1 << 40
+    expected = _run(module, x, 23)[-1:]  # the last token as part of one dense chunk (expanded K/V)
+    blocks = []
+    real_rows = mla_module.rows_per_block
+    monkeypatch.setattr(mla_module, "rows_per_block", lambda budget, row: blocks.append(1) or keys_per_block)
+    module.cache.release("r")
+    cos, sin = RotaryEmbedding(RopeSpec(8))(torch.arange(23), torch.float32)
+    with torch.inference_mode():
+        module(x[:22], Chunk("r", 0, cos[:22], sin[:22]))
+        expand = []
+        monkeypatch.setattr(module, "_expand", lambda latent: expand.append(1))
+        got = module(x[22:], Chunk("r", 22, cos[22:], sin[22:]))
+    torch.testing.assert_close(got, expected, **TOL)
+    assert expand == [] and blocks  # no per-head expansion; blocks sized by the budget
+    assert real_rows(1, 10) == 1

@@ -115,6 +115,8 @@ class MLAttention(nn.Module, UsesWorkspace):
         cached = self.cache.append(chunk.request, chunk.offset, **parts)
         total = chunk.offset + x.shape[0]
         if self.dsa is None or total <= self.dsa.index_topk:  # every causal key is selected: dense
+            if x.shape[0] == 1:  # one query (a decode step): attend in the latent space, no expansion
+                return self._absorbed(q_nope, q_rope, cached["latent"])
             return self._dense(q_nope, q_rope, cached["latent"])
         if self.indexer is not None:
             chunk.topk = self.indexer.select(x, q_resid, cached["index_k"], chunk.offset, chunk.cos, chunk.sin)
@@ -165,13 +167,47 @@ class MLAttention(nn.Module, UsesWorkspace):
             del k, v, part
         return acc[0].to(q.dtype).transpose(0, 1)
 
-    def _sparse(self, q_nope, q_rope, latent, topk) -> torch.Tensor:
-        """Weight-absorbed attention over each query's gathered top-k latent rows. Returns [c, heads, v]."""
+    def _absorb(self, q_nope, q_rope):
+        """Queries in the latent space (q_nope W_UK, then the rope part) [c, heads, r + rope], and W_UV."""
         s = self.spec
         w = self.kv_b_proj.weight.view(self.local_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank)
         w_uk, w_uv = w[:, : s.qk_nope_head_dim], w[:, s.qk_nope_head_dim:]
         q_latent = (q_nope.transpose(0, 1) @ w_uk).transpose(0, 1)  # [c, heads, kv_lora_rank]
-        q = torch.cat((q_latent, q_rope), dim=-1)
+        return torch.cat((q_latent, q_rope), dim=-1), w_uv
+
+    def _absorbed(self, q_nope, q_rope, latent) -> torch.Tensor:
+        """Weight-absorbed attention of one query over every cached latent row (a decode step):
+        the latent is one key/value head (its first kv_lora_rank columns are the value), so the cost
+        is O(keys x (kv_lora_rank + rope)) per head instead of expanding every key to per-head K/V.
+        Keys are taken in blocks within the workspace budget and merged by an online softmax (fp32),
+        so the workspace does not grow with the prefix. Returns [1, heads, v]."""
+        s = self.spec
+        q, w_uv = self._absorb(q_nope, q_rope)
+        q = q[0].float() * s.softmax_scale  # [heads, r + rope]
+        width = latent.shape[1]
+        block = rows_per_block(self.workspace_budget(q.device), (self.local_heads + 2 * width) * 4)
+        best = total = acc = None
+        for start in range(0, latent.shape[0], block):
+            keys = latent[start:start + block].float()  # [n, r + rope], one block alive at a time
+            scores = q @ keys.t()  # [heads, n]
+            top = scores.amax(-1, keepdim=True)
+            if best is None:
+                best = top
+                weights = torch.exp(scores - best)
+                total, acc = weights.sum(-1, keepdim=True), weights @ keys[:, : s.kv_lora_rank]
+                continue
+            new = torch.maximum(best, top)
+            old, weights = torch.exp(best - new), torch.exp(scores - new)
+            total = total * old + weights.sum(-1, keepdim=True)
+            acc = acc * old + weights @ keys[:, : s.kv_lora_rank]
+            best = new
+        out = (acc / total).to(q_nope.dtype)[:, None, :]  # [heads, 1, r]
+        return (out @ w_uv.transpose(1, 2)).transpose(0, 1)
+
+    def _sparse(self, q_nope, q_rope, latent, topk) -> torch.Tensor:
+        """Weight-absorbed attention over each query's gathered top-k latent rows. Returns [c, heads, v]."""
+        s = self.spec
+        q, w_uv = self._absorb(q_nope, q_rope)
         out = sparse_latent_attention(q, latent, topk, s.kv_lora_rank, s.softmax_scale,
                                       budget=self.workspace_budget(q.device))  # [c, heads, r]
         return (out.transpose(0, 1) @ w_uv.transpose(1, 2)).transpose(0, 1)
