@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vpp.plan import strategies
+
 from . import paper
 from .sweep import Point, best
 
@@ -210,7 +212,8 @@ def ablation_cells(rows: dict) -> list[Cell]:
                   100 * (base - rows["vpp-async"].total) / base, "%"),
              Cell("Ablation", "VPP-Async + packing reduction vs VPP", 100 * A["packing_gain_total"],
                   100 * (base - rows["vpp-packed"].total) / base, "%")]
-    for s, label in (("vpp", "VPP"), ("vpp-async", "VPP-Async"), ("vpp-packed", "VPP-Async + packing")):
+    for s in ("vpp", "vpp-async", "vpp-packed"):
+        label = strategies.get(s).label
         cells.append(Cell("Ablation", f"{label} bubble ratio", 100 * A["bubble_ratio"][s], 100 * rows[s].bubble_ratio, "%"))
     return cells
 

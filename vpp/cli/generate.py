@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int)
 from vpp.cli.checks import open_checked
 from vpp.cli.output import setup_logging
+from vpp.plan import strategies
 
-SCHEDULES = ("cpp", "dcpp", "vpp", "vpp-async")
 
 
 def add_arguments(p) -> None:
@@ -29,7 +29,7 @@ def add_arguments(p) -> None:
                    help="tiny-deepseek | tiny-qwen | tiny-glm | a model directory (config.json + safetensors)")
     p.add_argument("--tp", type=positive_int, default=1)
     p.add_argument("--pp", type=positive_int, default=2)
-    p.add_argument("--schedule", default="vpp-async", choices=SCHEDULES, help="the prefill's schedule")
+    p.add_argument("--schedule", default="vpp-async", choices=strategies.PLANNED, help="the prefill's schedule")
     p.add_argument("--chunk-size", type=positive_int, default=512, help="prefill chunk size (DCPP: its budget)")
     p.add_argument("--max-new-tokens", type=positive_int, default=32)
     source = p.add_mutually_exclusive_group()
