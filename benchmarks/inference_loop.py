@@ -35,14 +35,18 @@ def _pin(groups) -> None:
         os.sched_setaffinity(0, {groups.global_rank % (os.cpu_count() or 1)})
 
 
-def overhead(rank, world, model_name, tokens, chunk, rounds):
+def _setup(world, model_name, tokens):
+    """This rank's groups, stages of a V, whether it holds stage 0, a random prompt and a Pipeline."""
     groups = initialize_model_parallel(1, world)
     _pin(groups)
     model = open_model(model_name)
     stages = model.stages(model.layout("v", world), groups)
-    first = any(s.is_first for s in stages)
     ids = torch.randint(0, model.config["vocab_size"], (tokens,), generator=torch.Generator().manual_seed(0))
-    pipe = Pipeline(stages, groups)
+    return groups, stages, any(s.is_first for s in stages), ids, Pipeline(stages, groups)
+
+
+def overhead(rank, world, model_name, tokens, chunk, rounds):
+    groups, stages, first, ids, pipe = _setup(world, model_name, tokens)
     times = {"one-shot forward_prefill": [], "Pipeline.prefill": []}
 
     def one_shot():
@@ -65,13 +69,7 @@ def overhead(rank, world, model_name, tokens, chunk, rounds):
 
 
 def decode(rank, world, model_name, tokens, chunk, new):
-    groups = initialize_model_parallel(1, world)
-    _pin(groups)
-    model = open_model(model_name)
-    stages = model.stages(model.layout("v", world), groups)
-    first = any(s.is_first for s in stages)
-    ids = torch.randint(0, model.config["vocab_size"], (tokens,), generator=torch.Generator().manual_seed(0))
-    pipe = Pipeline(stages, groups)
+    _, _, first, ids, pipe = _setup(world, model_name, tokens)
     pipe.generate(ids[:chunk] if first else None, 2, chunk, schedule="vpp-async")  # warm up
     gen = pipe.generate(ids if first else None, new, chunk, schedule="vpp-async")
     return gen.ttft_s, gen.time_per_output_token_s
