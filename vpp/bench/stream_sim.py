@@ -82,7 +82,7 @@ class StreamSetup:
 
 
 @dataclass
-class StreamRow:
+class SimulatedStream:
     """One strategy on one stream: its plan, trace, Table 2 summary, stream statistics and drain idle."""
 
     strategy: str
@@ -117,20 +117,20 @@ def build(setup: StreamSetup, workload: Workload, strategy: str) -> tuple[Plan, 
     return spec.plan(layout, requests, concurrency=workload.concurrency, cost=cost), cost
 
 
-def run_strategy(setup: StreamSetup, workload: Workload, strategy: str, *, check: bool = True) -> StreamRow:
+def run_strategy(setup: StreamSetup, workload: Workload, strategy: str, *, check: bool = True) -> SimulatedStream:
     plan, cost = build(setup, workload, strategy)
     trace = simulate(plan, cost, check=check)
     packed = packed_chunks(plan) if strategy == "vpp-packed" else {}
-    return StreamRow(strategy, plan, trace, summarize(trace), stream_stats(trace, plan), drain_idle(trace, plan),
+    return SimulatedStream(strategy, plan, trace, summarize(trace), stream_stats(trace, plan), drain_idle(trace, plan),
                      packed)
 
 
 def compare(setup: StreamSetup, workload: Workload, strategies: Sequence[str] = STRATEGIES, *,
-            check: bool = True) -> dict[str, StreamRow]:
+            check: bool = True) -> dict[str, SimulatedStream]:
     return {s: run_strategy(setup, workload, s, check=check) for s in strategies}
 
 
-def packing_effect(rows: dict[str, StreamRow]) -> dict:
+def packing_effect(rows: dict[str, SimulatedStream]) -> dict:
     """What packing removes relative to VPP-Async: drain-window idle (the metric of :mod:`.stream`),
     all bubble, and makespan; fractions are of VPP-Async's."""
     a, p = rows["vpp-async"], rows["vpp-packed"]
@@ -143,7 +143,7 @@ def packing_effect(rows: dict[str, StreamRow]) -> dict:
             "packed_chunks": sum(p.packed.values())}
 
 
-def format_table(rows: dict[str, StreamRow]) -> str:
+def format_table(rows: dict[str, SimulatedStream]) -> str:
     """A markdown table, one strategy per row; times in seconds of the cost model."""
     head = ("| Strategy | chunks | makespan (s) | TTFT median (s) | TTFT p90 (s) | throughput (tok/s) | "
             "bubble ratio | exposed comm (s/rank) | drain idle (s, all ranks) |")
@@ -155,7 +155,7 @@ def format_table(rows: dict[str, StreamRow]) -> str:
     return "\n".join(lines)
 
 
-def format_effect(rows: dict[str, StreamRow]) -> str:
+def format_effect(rows: dict[str, SimulatedStream]) -> str:
     if "vpp-async" not in rows or "vpp-packed" not in rows:
         return ""
     e = packing_effect(rows)

@@ -48,7 +48,7 @@ class StreamConfig:
 
 
 @dataclass
-class StreamRow:
+class MeasuredStream:
     name: str
     makespan: list[float] = field(default_factory=list)
     throughput: list[float] = field(default_factory=list)
@@ -74,7 +74,7 @@ def make_workload(cfg: StreamConfig) -> workloads.Workload:
     raise ValueError(f"unknown workload {cfg.workload!r}; choose long, mixed or short")
 
 
-def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[StreamRow], dict]:
+def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[MeasuredStream], dict]:
     """Every contender ``cfg.repeat`` times on the workload, interleaved; rows on every rank."""
     if groups.accelerator.kind == "cpu" and groups.sizes.world_size <= (os.cpu_count() or 1):
         os.sched_setaffinity(0, {groups.global_rank % (os.cpu_count() or 1)})
@@ -94,7 +94,7 @@ def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[St
                              partition=snap_partition(model.num_layers, n_stages, model.stage_starts))
         stages[name] = model.stages(layout, groups)
     planner = profile_planner(stages["dcpp"], groups, cfg.chunk_size) if "dcpp" in cfg.contenders else None
-    rows = {c: StreamRow(c) for c in cfg.contenders}
+    rows = {c: MeasuredStream(c) for c in cfg.contenders}
     say(groups, f"stream: {wl.name}, {len(wl.lengths)} requests, {sum(wl.lengths)} tokens, concurrency "
                  f"{wl.concurrency}, chunk {cfg.chunk_size}, pp={groups.pp.size}")
     _run_round(groups, cfg, stages, planner, [p[: cfg.chunk_size] for p in prompts[:2]], None, warmup=True)
