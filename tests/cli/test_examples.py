@@ -70,3 +70,13 @@ def test_example_runs_an_fp8_checkpoint_on_a_text_prompt(tmp_path):
     ids = text_prompt(load_tokenizer(case.path), "ranks stay busy when stages fold back in a V", 40)
     ref = AutoModelForCausalLM.from_pretrained(case.dequantized_path).eval()(ids[None]).logits[0, -1]
     assert re.search(rf"first generated token: {int(ref.argmax())};", out), out
+
+
+def test_generate_under_torchrun_matches_spawned_ranks():
+    args = ["generate", "--seq-len", "48", "--chunk-size", "16", "--max-new-tokens", "4", "--json",
+            "--schedule", "vpp"]
+    import json
+    spawned = json.loads(_run("-m", "vpp", *args))
+    out = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "vpp", *args)
+    launched = json.loads(out.strip().splitlines()[-1])  # global rank 0 prints the object
+    assert launched["generated_ids"] == spawned["generated_ids"] and launched["prompt_ids"] == spawned["prompt_ids"]
