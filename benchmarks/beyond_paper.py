@@ -21,21 +21,20 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from vpp.perf.arch import Arch  # noqa: E402
-from vpp.perf.configs import get_config  # noqa: E402
-from vpp.perf.hardware import H100, H200  # noqa: E402
-from vpp.perf.decompose import decompose  # noqa: E402
-from vpp.perf.memory import kv_bytes_per_token_layer, rank_memory  # noqa: E402
-from _report import figure, kib, md_table, save  # noqa: E402
-from vpp.perf.runs import Setup, run  # noqa: E402
-from vpp.bench.sweep import MODELS, fitted_setups, paper_setup  # noqa: E402
-from vpp.perf.taper import best_taper  # noqa: E402
-from vpp.perf.tune import paper_best, tune  # noqa: E402
-from vpp.plan.ir import Request  # noqa: E402
+from vpp.perf.arch import Arch
+from vpp.perf.configs import get_config
+from vpp.perf.hardware import H100, H200
+from vpp.perf.decompose import decompose
+from vpp.perf.memory import kv_bytes_per_token_layer, rank_memory
+from benchmarks._report import figure, kib, md_table, save
+from vpp.perf.runs import Setup, run
+from vpp.bench.sweep import MODELS, fitted_setups, paper_setup
+from vpp.perf.taper import best_taper
+from vpp.perf.tune import paper_best, tune
+from vpp.plan.ir import Request
 
 CHUNKS = (8192, 16384, 24576, 32768)
 LENGTHS = (65536, 131072, 262144, 524288, 1048576)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -33,14 +32,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's vpp
 
-from vpp.models import (  # noqa: E402
+from vpp.models import (
     SafetensorsCheckpoint, build_stage, checkpoint_shapes, model_config, random_checkpoint,
 )
-from vpp.models.tiny import TINY_CONFIGS  # noqa: E402
-from vpp.parallel import GridSizes, Group, ParallelGroups, get_accelerator  # noqa: E402
-from vpp.parallel.grid import group_of, rank_groups  # noqa: E402
+from vpp.models.tiny import TINY_CONFIGS
+from vpp.parallel import GridSizes, Group, ParallelGroups, get_accelerator
+from vpp.parallel.grid import group_of, rank_groups
 
 MODELS = ("tiny-qwen", "tiny-deepseek", "tiny-glm")
 LAYOUTS = ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2))

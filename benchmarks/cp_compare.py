@@ -20,12 +20,11 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from _report import kib, md_table  # noqa: E402
-from vpp.bench.cp_sweep import ANCHOR, anchor, deployments, evaluate  # noqa: E402
-from vpp.bench.sweep import WEIGHT_BYTES, fitted_setups  # noqa: E402
-from vpp.perf.hardware import H100  # noqa: E402
+from benchmarks._report import kib, md_table
+from benchmarks.cp_sweep import ANCHOR, anchor, deployments, evaluate
+from vpp.bench.sweep import WEIGHT_BYTES, fitted_setups
+from vpp.perf.hardware import H100
 
 MODELS = ("deepseek-v3.1", "qwen3-coder-30b-a3b")
 LENGTHS = (131072, 262144, 524288, 1048576)

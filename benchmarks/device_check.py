@@ -32,10 +32,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # this checkout's vpp (and tests.models.hf_tiny), not an installed one
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 FAMILIES = ("qwen3_moe", "deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 FULL = dict(chunk=4096, tokens=131072)
@@ -62,8 +61,8 @@ def preset_for(acc, device) -> str:
 
 
 def kernels(device_type: str) -> str:
-    from vpp.parallel.attention.kernel import kernel_for, lse_kernel_for
-    from vpp.parallel.moe import grouped_gemm_for
+    from vpp.transformer.attention.kernel import kernel_for, lse_kernel_for
+    from vpp.transformer.moe import grouped_gemm_for
     return (f"attention `{kernel_for(device_type).__name__}`, attention pieces "
             f"`{lse_kernel_for(device_type).__name__}`, experts `{grouped_gemm_for(device_type)}`")
 
@@ -79,7 +78,7 @@ def check_families(acc, device, chunk: int = 16) -> list[dict]:
     from tests.models.hf_tiny import PROMPTS, VOCAB, model as hf_model
     from vpp.models import load_stage
     from vpp.parallel import ParallelGroups
-    from vpp.parallel.attention.workspace import set_workspace_bytes
+    from vpp.transformer.attention.workspace import set_workspace_bytes
     rows, groups = [], ParallelGroups.single(acc, device)
     ids = torch.randint(0, VOCAB, (PROMPTS["a"],), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,11 +19,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's vpp
 
-from vpp.models.registry import open_model  # noqa: E402
-from vpp.parallel import initialize_model_parallel, run_distributed  # noqa: E402
-from vpp.runtime import Pipeline, forward_prefill  # noqa: E402
+from vpp.models.registry import open_model
+from vpp.parallel import initialize_model_parallel, run_distributed
+from vpp.runtime import Pipeline, forward_prefill
 
 
 def _stats(values) -> str:

@@ -39,9 +39,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # this checkout's vpp, not an installed one
 
-import torch  # noqa: E402
+import torch
 
 MIB = 2 ** 20
 
@@ -59,10 +58,10 @@ def _rank(rank: int, world: int, model: str, schedule: str, length: int, chunk: 
     from vpp.models.registry import snap_partition
     from vpp.models.tiny import TINY_CONFIGS
     from vpp.parallel import initialize_model_parallel
-    from vpp.parallel.attention.workspace import set_workspace_bytes
+    from vpp.transformer.attention.workspace import set_workspace_bytes
     from vpp.plan import make_layout, strategies
     from vpp.runtime.api import forward_prefill
-    from vpp.bench.prefill import cache_bytes, weight_bytes
+    from vpp.bench.prefill_rounds import cache_bytes, weight_bytes
     groups = initialize_model_parallel(1, world)
     acc, device = groups.accelerator, groups.device
     cfg = model_config(dict(TINY_CONFIGS[model], max_position_embeddings=max(length, 32768)))

@@ -25,10 +25,9 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's vpp
 
 from vpp.parallel import initialize_model_parallel, narrowing, run_distributed
-from vpp.parallel.moe import MoE, MoEConfig
+from vpp.transformer.moe import MoE, MoEConfig
 
 SHAPES = {
     # hidden, moe_intermediate, experts, top_k, shared_intermediate

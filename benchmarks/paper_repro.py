@@ -17,16 +17,16 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from _report import figure, kib, md_table, save  # noqa: E402
-from vpp.bench import cells as C, paper  # noqa: E402
-from vpp.bench.serving import best_budget, compare  # noqa: E402
-from vpp.bench.sweep import MODELS, best, fitted_setups, sweep  # noqa: E402
-from vpp.perf.decompose import decompose  # noqa: E402
-from vpp.perf.runs import run  # noqa: E402
-from vpp.plan import strategies  # noqa: E402
-from vpp.plan.workloads import long as long_stream, mixed, short  # noqa: E402
+from benchmarks._report import figure, kib, md_table, save
+from benchmarks import cells as C
+from vpp.bench import paper
+from vpp.bench.serving import best_budget, compare
+from vpp.bench.sweep import MODELS, best, fitted_setups, sweep
+from vpp.perf.decompose import decompose
+from vpp.perf.runs import run
+from vpp.plan import strategies
+from vpp.plan.workloads import long as long_stream, mixed, short
 
 STRATS = strategies.PLANNED
 LABEL = {s: strategies.get(s).label for s in STRATS}

@@ -19,13 +19,12 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _worker(rank: int, world: int, args) -> dict | None:
-    from vpp.bench.prefill import BenchConfig, run_bench
+    from vpp.bench.prefill_rounds import BenchConfig, run_bench
     from vpp.parallel import initialize_model_parallel
     groups = initialize_model_parallel(1, 2)
     out: dict = {"ttft": {}, "layouts": {}}

@@ -28,9 +28,8 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's vpp
 
-from vpp.plan import strategies, workloads as W  # noqa: E402
+from vpp.plan import strategies, workloads as W
 from vpp.bench.stream_sim import (EXTRA, STRATEGIES, StreamSetup, compare, format_effect, format_table,
                                           packing_effect)
 

@@ -3,7 +3,7 @@
 import pytest
 
 from vpp.bench import paper
-from vpp.bench.cells import FITTED, Cell, markdown, required_step_cost, summary, table_cells
+from benchmarks.cells import FITTED, Cell, markdown, required_step_cost, summary, table_cells
 from vpp.perf.decompose import Row
 
 

@@ -1,9 +1,9 @@
-"""Paper-scale streams (vpp.bench.serving) and the CP comparison harness (vpp.bench.cp_sweep) on tiny
+"""Paper-scale streams (vpp.bench.serving) and the CP comparison harness (benchmarks.cp_sweep) on tiny
 deployments."""
 
 import pytest
 
-from vpp.bench.cp_sweep import anchor, deployments, evaluate
+from benchmarks.cp_sweep import anchor, deployments, evaluate
 from vpp.bench.serving import best_budget, gain, serve
 from vpp.perf.arch import Arch
 from vpp.perf.configs import LLAMA3_405B, get_arch

@@ -120,7 +120,7 @@ def build(setup: StreamSetup, workload: Workload, strategy: str) -> tuple[Plan, 
 def run_strategy(setup: StreamSetup, workload: Workload, strategy: str, *, check: bool = True) -> SimulatedStream:
     plan, cost = build(setup, workload, strategy)
     trace = simulate(plan, cost, check=check)
-    packed = packed_chunks(plan) if strategy == "vpp-packed" else {}
+    packed = packed_chunks(plan) if strategies.get(strategy).packs else {}
     return SimulatedStream(strategy, plan, trace, summarize(trace), stream_stats(trace, plan), drain_idle(trace, plan),
                      packed)
 

@@ -22,10 +22,10 @@ import torch.distributed as dist
 
 from vpp.models.registry import open_model, snap_partition
 from vpp.parallel.groups import ParallelGroups
-from vpp.bench.prefill import gather_all, say
+from vpp.bench.prefill_rounds import gather_all, say
 from vpp.plan import make_layout, strategies, stream_stats, workloads
 from vpp.runtime.api import forward_prefill
-from vpp.runtime.dcpp import profile_planner
+from vpp.runtime.dcpp_profile import profile_planner
 from vpp.runtime.gpipe import gpipe_prefill
 
 CONTENDERS = strategies.CONTENDERS
@@ -121,7 +121,7 @@ def _run_round(groups, cfg, stages, planner, prompts, wl, *, warmup: bool) -> di
         holds_first = any(s.is_first for s in mine)
         dist.barrier()
         start = time.perf_counter()
-        if name == "gpipe":
+        if strategies.get(name).builder is None:  # gpipe: PyTorch schedules it
             for q, p in enumerate(prompts):
                 gpipe_prefill(mine[0], p if holds_first else None, min(cfg.chunk_size, p.numel()), p.numel(),
                               groups, request=q)
@@ -129,7 +129,7 @@ def _run_round(groups, cfg, stages, planner, prompts, wl, *, warmup: bool) -> di
             makespan = max(gather_all(groups, time.perf_counter() - start))
             stats, bubble = None, None
         else:
-            chunking = planner.chunk_sizes if name == "dcpp" else cfg.chunk_size
+            chunking = planner.chunk_sizes if strategies.get(name).chunking == "dcpp" else cfg.chunk_size
             res = forward_prefill(mine, prompts if holds_first else None, chunking, groups,
                                   schedule=name, arrivals=arrivals,
                                   concurrency=concurrency, return_trace=True, timeout_s=cfg.timeout_s)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int)
 from vpp.cli.checks import open_checked
-from vpp.cli.output import setup_logging
+from vpp.cli.terminal import setup_logging
 from vpp.plan import strategies
 
 
@@ -126,17 +126,16 @@ def _worker(rank: int, world: int, job: GenerateJob, has_tokenizer: bool):
     setup_logging()
     import torch
 
-    from vpp.bench.prefill import layout_for
     from vpp.models.registry import open_model
     from vpp.parallel import initialize_model_parallel
     from vpp.runtime import Pipeline, Sampler, profile_planner
 
     groups = initialize_model_parallel(job.tp, job.pp)
     model = open_model(job.model, dtype=job.dtype)
-    stages = model.stages(layout_for(model, job.schedule, job.pp), groups)
+    stages = model.stages(model.layout_for(job.schedule, job.pp), groups)
     pipe = Pipeline(stages, groups, timeout_s=job.timeout_s)
     chunking = job.chunk_size
-    if job.schedule == "dcpp":
+    if strategies.get(job.schedule).chunking == "dcpp":
         chunking = profile_planner(stages, groups, job.chunk_size).chunk_sizes
     show = None
     if job.stream and groups.global_rank == 0:

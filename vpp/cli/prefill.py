@@ -20,7 +20,7 @@ import sys
 
 from vpp.cli.args import UsageError, nonnegative_float, positive_float, positive_int, writable_dir, writable_file
 from vpp.cli.checks import check_devices, open_checked
-from vpp.cli.output import progress_bar, setup_logging
+from vpp.cli.terminal import progress_bar, setup_logging
 from vpp.plan import strategies
 
 DEFAULT_SEQ_LEN = 8192
@@ -106,7 +106,7 @@ def check(args) -> None:
 
 
 def _config(args):
-    from vpp.bench.prefill import BenchConfig
+    from vpp.bench.prefill_rounds import BenchConfig
     return BenchConfig(model=args.model, tp=args.tp, pp=args.pp, seq_len=args.seq_len, chunk_size=args.chunk_size,
                        schedules=args.schedules, folds=args.folds, partition=args.partition, repeat=args.repeat,
                        warmup=not args.no_warmup, dtype=args.run_dtype, seed=args.seed,
@@ -118,7 +118,7 @@ def _config(args):
 def _worker(rank: int, world: int, cfg):
     setup_logging()
     from vpp.parallel import initialize_model_parallel
-    from vpp.bench.prefill import run_bench
+    from vpp.bench.prefill_rounds import run_bench
     groups = initialize_model_parallel(cfg.tp, cfg.pp)
     rows, facts = run_bench(groups, cfg)
     if groups.global_rank != 0:

@@ -9,7 +9,7 @@ import math
 
 from vpp.cli.args import UsageError, int_list, positive_float, positive_int
 from vpp.cli.checks import open_checked
-from vpp.cli.output import setup_logging
+from vpp.cli.terminal import setup_logging
 from vpp.plan import strategies
 
 

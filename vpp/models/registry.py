@@ -41,6 +41,12 @@ class ModelSource:
         partition = snap_partition(self.num_layers, n_stages, self.stage_starts)
         return make_layout(kind, self.num_layers, pp, folds=folds, partition=partition)
 
+    def layout_for(self, schedule: str, pp: int, folds: int = 1):
+        """The layout the strategy ``schedule`` runs on (its kind, :mod:`vpp.plan.strategies`), as even
+        as :meth:`layout` makes it."""
+        from vpp.plan import strategies
+        return self.layout(strategies.get(schedule).layout, pp, folds)
+
     def stages(self, layout, groups: ParallelGroups) -> list[torch.nn.Module]:
         """This pipeline rank's stage modules for ``layout`` (a :class:`vpp.schedules.Layout`), in stage order."""
         return [self.build(layout.stage_layers[s], groups) for s in layout.stages_of(groups.pp.rank)]

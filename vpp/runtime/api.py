@@ -30,8 +30,8 @@ from vpp.plan.ir import Plan, Request
 from vpp.plan.layout import Layout
 
 from .inputs import Chunking
-from .layout import check_stage_shapes, infer_layout
-from .output import PrefillOutput
+from .layout_inference import check_stage_shapes, infer_layout
+from .prefill_output import PrefillOutput
 from .pipeline import Pipeline
 from .traces import gather_trace
 

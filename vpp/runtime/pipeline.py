@@ -34,8 +34,8 @@ from vpp.plan.verify import verify
 from . import handshake, inputs
 from .decode import broadcast_logits, decode_step
 from .executor import Executor
-from .layout import check_stage_shapes, infer_layout
-from .output import PrefillOutput
+from .layout_inference import check_stage_shapes, infer_layout
+from .prefill_output import PrefillOutput
 from .sampling import Sampler
 from .traces import gather_trace
 from .watchdog import rendezvous

@@ -1,7 +1,7 @@
 """Mixture of experts with expert parallelism inside a stage's tensor-parallel group.
 
 Y = sum_{e in topk(x)} w_e(x) E_e(x) + S(x): routed SwiGLU experts E_e chosen per token by the
-:class:`~vpp.parallel.router.Router`, plus an optional always-on shared expert S.
+:class:`~vpp.transformer.router.Router`, plus an optional always-on shared expert S.
 
 Where the weights live. The E experts are split over the ``ep`` axis (EP rank r owns experts
 [r E/ep, (r+1) E/ep)), and each expert's intermediate dim over the ``etp`` axis (tp = ep x etp;
@@ -63,9 +63,9 @@ from torch import nn
 
 from vpp.parallel.comm import all_to_all, gather_from_tp, reduce_from_tp
 from vpp.parallel.groups import ParallelGroups
-from vpp.parallel.mlp import DenseMLP
-from vpp.parallel.moe_config import ACTIVATIONS, MoEConfig
-from vpp.parallel.router import Router
+from vpp.transformer.mlp import DenseMLP
+from vpp.transformer.moe_config import ACTIVATIONS, MoEConfig
+from vpp.transformer.router import Router
 from vpp.parallel.sharding import ReadSlice, Shard, SliceLoader
 
 log = logging.getLogger(__name__)

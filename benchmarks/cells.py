@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from vpp.plan import strategies
 
-from . import paper
-from .sweep import Point, best
+from vpp.bench import paper
+from vpp.bench.sweep import Point, best
 
 TOL = 0.10
 ABS_TOL = {"s": 0.01, "%": 0.1}

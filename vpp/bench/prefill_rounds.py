@@ -30,7 +30,7 @@ from vpp.parallel.comm import irecv, isend
 from vpp.parallel.groups import ParallelGroups
 from vpp.plan import TableCost, make_layout, simulate, strategies
 from vpp.runtime.api import forward_prefill
-from vpp.runtime.dcpp import profile_planner
+from vpp.runtime.dcpp_profile import profile_planner
 
 from .partition import choose_partition
 
@@ -130,7 +130,7 @@ def layout_for(model, schedule: str, pp: int, folds: int = 1, *, chunk: int | No
     per rank on the cost model (:mod:`.partition`)."""
     kind = strategies.get(schedule).layout
     if partition == "even" or chunk is None or seq_len is None:
-        return model.layout(kind, pp, folds)
+        return model.layout_for(schedule, pp, folds)
     folds = 1 if kind == "loop" else folds
     sizes = choose_partition(model, kind, pp, folds, chunk=chunk, seq_len=seq_len, how=partition)
     return make_layout(kind, model.num_layers, pp, folds=folds, partition=sizes)

@@ -26,7 +26,7 @@ from vpp.perf.memory import rank_memory
 from vpp.perf.ops import Parallel
 from vpp.perf.runs import Setup, run
 
-from .paper import CHUNKS
+from vpp.bench.paper import CHUNKS
 
 ANCHOR = {"name": "llama3-405b-1m-128xh100", "tokens": 1 << 20, "tp": 8, "cp": 16, "ttft_s": 77.0,
           "efficiency": 0.93, "utilization": 0.63,
