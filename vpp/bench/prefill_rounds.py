@@ -275,4 +275,4 @@ def _write_traces(directory: str, traces: dict) -> None:
             measured.plot(os.path.join(directory, f"{sched}.png"))
             sim.plot(os.path.join(directory, f"{sched}.simulated.png"))
         except ImportError:
-            log.warning("matplotlib is not installed: skipping PNG timelines (pip install vpp-prefill[plot])")
+            log.warning("matplotlib is not installed: skipping PNG timelines (pip install matplotlib, or -e '.[plot]' in a clone)")

@@ -49,7 +49,7 @@ def add_arguments(p) -> None:
                    help="prompt tokens (default 8192 random ids; with --prompt-file the text repeated to this length, "
                         "else the text's own length)")
     p.add_argument("--prompt-file", metavar="FILE",
-                   help="a text prompt, tokenized with the model directory's tokenizer.json (pip install vpp-prefill[text])")
+                   help="a text prompt, tokenized with the model directory's tokenizer.json (pip install -e '.[text]' in a clone)")
     p.add_argument("--chunk-size", type=positive_int, default=1024)
     p.add_argument("--schedule", default="cpp,vpp,vpp-async",
                    help=f"comma-separated, from: {', '.join(strategies.PLANNED)}")
