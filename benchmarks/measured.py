@@ -11,7 +11,7 @@
    requests, 3 in flight), where packing has a drain to fill.
 
 Writes ``benchmarks/results/measured.md`` (tables, commands, load average) and ``measured.json``.
-Timings are medians [min-max] of interleaved rounds; see ../shared/BENCH.md for how we measure.
+Timings are medians [min-max] of interleaved rounds (one warm-up, the contenders A B C A B C ...).
 """
 
 import argparse
