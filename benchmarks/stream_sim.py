@@ -19,7 +19,7 @@ windows: for every request with a successor, from the end of stage 0 on its last
 token (:func:`vpp.plan.stream.drain_idle`). "Removed" fractions are relative to VPP-Async.
 Writes the tables and the command line to ``benchmarks/results/stream_sim.md``.
 
-    python benchmarks/stream_sim.py [--scale 32] [--requests 4] [--out benchmarks/results/stream_sim.md]
+    python -m benchmarks.stream_sim [--scale 32] [--requests 4] [--out benchmarks/results/stream_sim.md]
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main() -> int:
     chunk = int(round(32768 / args.scale))
     setup = StreamSetup(chunk_size=chunk)
     parts = [f"# Simulated request streams: {', '.join(strategies.get(s).label for s in STRATEGIES)}", "",
-             "`" + " ".join(["python benchmarks/stream_sim.py"] + sys.argv[1:]) + "`", "",
+             "`" + " ".join(["python -m benchmarks.stream_sim"] + sys.argv[1:]) + "`", "",
              "Cost model: this machine's per-layer law (BENCH.md): a 1K-token chunk takes 89 ms per layer after "
              "no prefix and 34 ms more per 1K of prefix (attention 34 ms per 1K x 1K token pairs, half of it "
              "within the chunk), 2 ms per chunk per layer of launch overhead (assumed), fp32 activations of "

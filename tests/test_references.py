@@ -21,6 +21,9 @@ and the README, must resolve; the tests list every one that does not, as ``file:
   its first directory is one of ours (under the mentioning file's directory, ``vpp/`` or the repository
   root), and then must exist there; a first directory we do not have is another project's path
   (``vllm_ascend/worker/...``), and absolute paths and URLs are not repository paths: both are skipped.
+* **Commands** ``python benchmarks/NAME.py``: the script exists, and, when it imports the ``benchmarks``
+  package, the command is ``python -m benchmarks.NAME`` (or has ``PYTHONPATH=.`` before it): as a file
+  without the checkout on the path it stops at ``import benchmarks``.
 * An upper-case word standing for a name (``benchmarks.NAME``, ``benchmarks/NAME.py``) is a placeholder.
   Files a script writes only on hardware this repository has not run on are listed in :data:`NOT_YET`.
 
@@ -52,6 +55,7 @@ _LEFT = r"(?<![\w./-])"
 DOTTED = re.compile(_LEFT + r"((?:vpp|benchmarks)(?:\.[A-Za-z_]\w*)+)(\.\*)?")
 ROLE = re.compile(r":(?:mod|func|class|data|meth|attr|exc|obj):`~?([.\w]+)`")
 REPO_PATH = re.compile(_LEFT + r"((?:\./)?(?:" + "|".join(re.escape(r) for r in ROOTS) + r")[\w.*/-]*)(:\d+)?")
+COMMAND = re.compile(r"(PYTHONPATH=\.\s+)?python\s+benchmarks/(\w+)\.py")
 SHORT_PATH = re.compile(_LEFT + r"((?:\.\.?/)*[\w-]+(?:/[\w.*-]+)*/[\w*-]+\.(?:" + "|".join(SUFFIXES) + r"))\b(:\d+)?")
 
 
@@ -203,8 +207,13 @@ def _check_text(path: pathlib.Path, start: int, text: str, module, problems: lis
         if _placeholder(m.group(1)):
             continue
         report(m.start(), m.group(0), _resolve_path(m.group(1).removeprefix("./"), m.group(2), [ROOT]))
+    for m in COMMAND.finditer(text):
+        script = ROOT / "benchmarks" / f"{m.group(2)}.py"
+        if not m.group(1) and not _placeholder(m.group(2)) and script.exists() and \
+                re.search(r"^\s*(from|import) benchmarks\b", script.read_text(), re.M):
+            report(m.start(), m.group(0), f"imports the benchmarks package: python -m benchmarks.{m.group(2)}")
+    bases = [path.parent, ROOT / "vpp", ROOT]
     for m in SHORT_PATH.finditer(text):
-        bases = [path.parent, ROOT / "vpp", ROOT]
         if m.group(1).startswith(ROOTS) or m.group(1).startswith("./") or not _ours(m.group(1), bases):
             continue
         report(m.start(), m.group(0), _resolve_path(m.group(1), m.group(2), bases))
@@ -257,6 +266,9 @@ def test_readme_names_what_exists():
     ("vllm_ascend/worker/model_runner_v1.py and model_dir/config.json", False),  # not our directories
     ("../no_such_dir/x.md", False),
     ("../perf/no_such.py", True),
+    ("python benchmarks/cp_compare.py", True),  # imports the benchmarks package
+    ("PYTHONPATH=. python benchmarks/cp_compare.py, python -m benchmarks.cp_compare", False),
+    ("python benchmarks/stream_sim.py", False),  # imports vpp only: runs as a file
 ])
 def test_the_rules(text, bad):
     """The checker itself: each rule accepts what exists and refuses what does not."""
