@@ -226,7 +226,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     if cfg.check:
         facts["check"] = _check(groups, model, prompt, last_logits, list(rows.values()))
     if cfg.trace_dir and groups.global_rank == 0:
-        _write_traces(cfg.trace_dir, traces)
+        facts["written"] = _write_traces(cfg.trace_dir, traces)
     return [rows[s] for s in cfg.schedules], facts
 
 
@@ -265,14 +265,19 @@ def _check(groups: ParallelGroups, model, prompt, last_logits, rows) -> dict:
     return out[0]
 
 
-def _write_traces(directory: str, traces: dict) -> None:
+def _write_traces(directory: str, traces: dict) -> list[str]:
+    """Write each schedule's measured and simulated traces (JSON, Chrome, PNG); returns the paths."""
     os.makedirs(directory, exist_ok=True)
+    written = []
     for sched, (measured, sim) in traces.items():
-        measured.save(os.path.join(directory, f"{sched}.trace.json"))
-        measured.to_chrome(os.path.join(directory, f"{sched}.chrome.json"))
-        sim.to_chrome(os.path.join(directory, f"{sched}.simulated.chrome.json"))
+        for path, write in ((f"{sched}.trace.json", measured.save), (f"{sched}.chrome.json", measured.to_chrome),
+                            (f"{sched}.simulated.chrome.json", sim.to_chrome)):
+            write(os.path.join(directory, path))
+            written.append(os.path.join(directory, path))
         try:
-            measured.plot(os.path.join(directory, f"{sched}.png"))
-            sim.plot(os.path.join(directory, f"{sched}.simulated.png"))
+            for path, trace in ((f"{sched}.png", measured), (f"{sched}.simulated.png", sim)):
+                trace.plot(os.path.join(directory, path))
+                written.append(os.path.join(directory, path))
         except ImportError:
-            log.warning("matplotlib is not installed: skipping PNG timelines (pip install vpp-prefill[plot])")
+            log.warning("matplotlib is not installed: skipping PNG timelines (pip install matplotlib, or -e '.[plot]' in a clone)")
+    return written

@@ -27,11 +27,11 @@ from vpp.plan import strategies
 def add_arguments(p) -> None:
     p.add_argument("--model", default="tiny-deepseek",
                    help="tiny-deepseek | tiny-qwen | tiny-glm | a model directory (config.json + safetensors)")
-    p.add_argument("--tp", type=positive_int, default=1)
-    p.add_argument("--pp", type=positive_int, default=2)
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks per pipeline stage")
+    p.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks (tp * pp ranks in all)")
     p.add_argument("--schedule", default="vpp-async", choices=strategies.PLANNED, help="the prefill's schedule")
     p.add_argument("--chunk-size", type=positive_int, default=512, help="prefill chunk size (DCPP: its budget)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=32)
+    p.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens to generate after the prompt")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="the prompt as text (needs the checkpoint's tokenizer)")
     source.add_argument("--prompt-file", help="a file holding the prompt text")
@@ -104,7 +104,8 @@ def _tokenizer(args):
     has_file = os.path.isdir(args.model) and os.path.isfile(os.path.join(args.model, "tokenizer.json"))
     if not has_file:
         if wants_text:
-            raise UsageError(f"--prompt needs a tokenizer, and {args.model} has no tokenizer.json "
+            flag = "--prompt" if args.prompt is not None else "--prompt-file"
+            raise UsageError(f"{flag} needs a tokenizer, and {args.model} has no tokenizer.json "
                              f"(give --seq-len for random token ids)")
         return None
     from vpp.models.tokenizer import load_tokenizer

@@ -43,25 +43,26 @@ def check_tolerance(dtype: str, reference_max_abs: float) -> float:
 def add_arguments(p) -> None:
     p.add_argument("--model", default="tiny-deepseek",
                    help="tiny-deepseek | tiny-qwen | tiny-glm | toy | a model directory (config.json + safetensors)")
-    p.add_argument("--tp", type=positive_int, default=1)
-    p.add_argument("--pp", type=positive_int, default=2)
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks per pipeline stage")
+    p.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks (tp * pp ranks in all)")
     p.add_argument("--seq-len", type=positive_int, default=None,
                    help="prompt tokens (default 8192 random ids; with --prompt-file the text repeated to this length, "
                         "else the text's own length)")
     p.add_argument("--prompt-file", metavar="FILE",
-                   help="a text prompt, tokenized with the model directory's tokenizer.json (pip install vpp-prefill[text])")
-    p.add_argument("--chunk-size", type=positive_int, default=1024)
+                   help="a text prompt, tokenized with the model directory's tokenizer.json (pip install -e '.[text]' in a clone)")
+    p.add_argument("--chunk-size", type=positive_int, default=1024, help="tokens per chunk (DCPP: its token budget)")
     p.add_argument("--schedule", default="cpp,vpp,vpp-async",
                    help=f"comma-separated, from: {', '.join(strategies.PLANNED)}")
     p.add_argument("--folds", type=positive_int, default=1, help="folds of the V (2*folds stages per rank)")
     p.add_argument("--partition", default="rank", choices=("rank", "even"),
                    help="layers per stage: balanced per rank on the cost model, or even")
-    p.add_argument("--repeat", type=positive_int, default=3)
-    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--repeat", type=positive_int, default=3, help="rounds; each runs every schedule once, interleaved")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each schedule")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="auto: a model directory's config torch_dtype, float32 for the built-in models")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--moe-dispatch", default="allreduce", choices=("allreduce", "alltoall"))
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt")
+    p.add_argument("--moe-dispatch", default="allreduce", choices=("allreduce", "alltoall"),
+                   help="how MoE tokens reach their experts across expert-parallel ranks")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per spawned rank")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"),
                    help="one device per rank; auto: this machine's accelerator if it has one, else CPU")
@@ -74,7 +75,7 @@ def add_arguments(p) -> None:
     p.add_argument("--save-logits", metavar="FILE", help="write prompt ids and last-token logits (safetensors)")
     p.add_argument("--trace", metavar="DIR", help="write Chrome traces and PNG timelines")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
 
 def check(args) -> None:
@@ -164,6 +165,9 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
         tensors = {"input_ids": facts["prompt"].contiguous()}
         tensors.update({f"logits.{s}": t.float().contiguous() for s, t in facts["logits"].items()})
         save_file(tensors, cfg.save_logits, metadata={"model": cfg.model, "chunk_size": str(cfg.chunk_size)})
+        facts.setdefault("written", []).append(cfg.save_logits)
+    if facts.get("written"):
+        print("wrote " + ", ".join(facts["written"]), file=sys.stderr)
     if failed:
         hint = ""
         if cfg.dtype in CHECK_RTOL:
@@ -204,4 +208,7 @@ def _table(rows, facts, cfg) -> str:
         lines.append(f"peak memory per rank, MiB ({facts.get('memory_method')}): " + "; ".join(
             f"{r.schedule} " + " ".join(f"r{m['rank']}={m.get('peak_bytes', 0) / 2**20:.0f}" for m in r.memory)
             for r in rows))
+    if "cpp" in cfg.schedules:
+        lines.append("speed-up vs cpp = CPP's TTFT / this schedule's TTFT within each round, median [min-max] over "
+                     "rounds (> 1: faster than CPP); bubble % = idle / (ranks x makespan)")
     return "\n".join(lines)

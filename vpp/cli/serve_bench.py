@@ -14,20 +14,21 @@ from vpp.plan import strategies
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default="tiny-deepseek")
-    p.add_argument("--pp", type=positive_int, default=2)
-    p.add_argument("--workload", default="long", choices=("long", "mixed", "short"))
+    p.add_argument("--model", default="tiny-deepseek", help="tiny-deepseek | tiny-qwen | tiny-glm | toy | a model directory")
+    p.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks")
+    p.add_argument("--workload", default="long", choices=("long", "mixed", "short"),
+                   help="the paper's request streams (Sec. 6.1), scaled down")
     p.add_argument("--scale", type=positive_float, default=64, help="paper token counts are divided by this")
     p.add_argument("--n", type=positive_int, help="number of requests (mixed: 24, short: 12)")
     p.add_argument("--concurrency", type=positive_int, help="requests in flight (long: 1, mixed: 4, short: all)")
     p.add_argument("--lengths", type=int_list, help="long workload: comma-separated paper-scale lengths (default 64K..1M)")
-    p.add_argument("--chunk-size", type=positive_int, default=512)
-    p.add_argument("--contenders", default=",".join(strategies.CONTENDERS))
-    p.add_argument("--repeat", type=positive_int, default=3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chunk-size", type=positive_int, default=512, help="tokens per chunk (DCPP: its token budget)")
+    p.add_argument("--contenders", default=",".join(strategies.CONTENDERS), help="comma-separated strategies to run")
+    p.add_argument("--repeat", type=positive_int, default=3, help="rounds; each runs every contender once, interleaved")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and arrivals")
     p.add_argument("--timeout", type=positive_float, default=1800.0,
                    help="seconds before a stuck rank fails the run (also the process group's timeout)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def check(args) -> None:
