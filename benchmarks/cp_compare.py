@@ -1,6 +1,6 @@
 """Context parallelism (ring attention) against CPP, DCPP and VPP-Async, in simulation at paper scale.
 
-    python benchmarks/cp_compare.py [--out benchmarks/results]
+    python -m benchmarks.cp_compare [--out benchmarks/results]
 
 1. The published anchor: Meta's Llama3-405B 1M-token prefill on 128 H100s (TP8 x CP16), 77 s, 93%
    parallel efficiency, ~63% of peak (arXiv 2411.01783), against the model on the H100 preset.
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
                           **o.to_dict()} for o in results[(dev_name, model)][L]]
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cp_compare_notes.md")
     md = "\n".join(["# Context parallelism vs pipeline schedules (simulated)", "",
-                     "Command: `python benchmarks/cp_compare.py`. Model: vpp/perf/cp.py (ring attention, pass-KV / "
+                     "Command: `python -m benchmarks.cp_compare`. Model: vpp/perf/cp.py (ring attention, pass-KV / "
                      "pass-Q, load-balanced sharding, experts over the whole CP x TP group).", "",
                      section_anchor(rows), section_table(results)]
                     + ([open(notes).read()] if os.path.exists(notes) else [])

@@ -1,7 +1,7 @@
 """One script for an accelerator machine: what vpp does on a GPU or NPU, checked and timed in one go.
 
-    python benchmarks/device_check.py [--device auto|cuda|npu] [--preset h100|h200|910c] [--out FILE]
-    python benchmarks/device_check.py --dry-run      # CPU, tiny sizes: the same code paths, no claims
+    python -m benchmarks.device_check [--device auto|cuda|npu] [--preset h100|h200|910c] [--out FILE]
+    python -m benchmarks.device_check --dry-run      # CPU, tiny sizes: the same code paths, no claims
 
 (a) One device: a bf16 chunked prefill of each tiny family (qwen3_moe, deepseek_v3, deepseek_v32,
     glm_moe_dsa; random weights, transformers' own models saved and loaded by vpp) against transformers
@@ -191,7 +191,7 @@ def report(args, acc, device, fam, law, pair) -> str:
     name = "CPU (dry run: tiny sizes, no accelerator claims)" if acc.kind == "cpu" else \
         acc.module().get_device_name(device)
     lines = [f"# Device check: {name}", "",
-             f"`python benchmarks/device_check.py {' '.join(sys.argv[1:])}` -- torch {torch.__version__}, "
+             f"`python -m benchmarks.device_check {' '.join(sys.argv[1:])}` -- torch {torch.__version__}, "
              f"{platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}", "",
              f"## (a) tiny families in bf16 against transformers on {device}", "",
              f"Kernels: {kernels(device.type)}.", "",

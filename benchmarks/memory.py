@@ -1,6 +1,6 @@
 """Peak memory per rank against prompt length: weights, KV cache and the rest.
 
-    python benchmarks/memory.py [--model tiny-deepseek] [--lengths 4096,8192,16384,32768,65536]
+    python -m benchmarks.memory [--model tiny-deepseek] [--lengths 4096,8192,16384,32768,65536]
                                 [--chunk 1024] [--schedules cpp,vpp-async] [--pp 2] [--workspace BYTES]
 
 Each (schedule, length) runs in a fresh world of ``pp`` spawned ranks (a fresh process, so no earlier
@@ -111,7 +111,7 @@ def _rss() -> int:
 def markdown(rows: list[dict], args, load: tuple) -> str:
     method = rows[0]["method"] if rows else "-"
     lines = ["# Peak memory per rank against prompt length", "",
-             f"`python benchmarks/memory.py {' '.join(sys.argv[1:])}` -- {args.model}, pp={args.pp}, "
+             f"`python -m benchmarks.memory {' '.join(sys.argv[1:])}` -- {args.model}, pp={args.pp}, "
              f"{args.chunk}-token chunks, fp32, one run per cell (a fresh pair of processes each), "
              f"workspace budget {'the default' if args.workspace is None else f'{args.workspace} B'}; "
              f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}.", "",

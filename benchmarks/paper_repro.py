@@ -1,6 +1,6 @@
 """Reproduce the VPP paper's numbers in simulation, at paper scale, cell by cell.
 
-    python benchmarks/paper_repro.py [--out benchmarks/results] [--quick]
+    python -m benchmarks.paper_repro [--out benchmarks/results] [--quick]
 
 DeepSeek-V3.1, GLM-5.2 and Qwen3-Coder-30B-A3B on TP8 + PP2 (16 Ascend 910C NPUs): the 512K DeepSeek
 decomposition (Tables 1 and 2), the step counts (Fig. 1b), the long-sequence sweep 64K..1M with the
@@ -283,7 +283,7 @@ def main(argv=None) -> int:
     cells = (C.table_cells(rows) + step_cells + C.sweep_cells(points) + C.chunk_cells(points)
              + C.ablation_cells(abl) + C.stream_cells(results))
     score = C.summary(cells)
-    parts = ["# VPP paper reproduction (simulated, paper scale)", "", "Command: `python benchmarks/paper_repro.py`.", "",
+    parts = ["# VPP paper reproduction (simulated, paper scale)", "", "Command: `python -m benchmarks.paper_repro`.", "",
              section_constants(setups["deepseek-v3.1"].device), section_view(), section_mechanisms(fit),
              "## 3. Every cell: paper | model | error | fitted or predicted", "",
              f"{score['reproduced']} of {score['scored']} predicted cells within 10% of the paper "

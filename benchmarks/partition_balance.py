@@ -1,6 +1,6 @@
 """Partitions balanced per rank against the even split, measured on this machine.
 
-    python benchmarks/partition_balance.py [--model tiny-deepseek] [--seq-len 16384] [--chunk 1024] [--rounds 5]
+    python -m benchmarks.partition_balance [--model tiny-deepseek] [--seq-len 16384] [--chunk 1024] [--rounds 5]
 
 Two spawned CPU ranks (one thread each). Every round runs, interleaved, CPP and VPP-Async with the even
 split ("before": :func:`vpp.models.snap_partition`) and with the partition balanced per rank on the cost
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     elapsed, load1 = time.time() - t0, os.getloadavg()[0]
     stat = lambda xs: (statistics.median(xs), min(xs), max(xs))
     ratios = {p: [v / c for v, c in zip(res["ttft"][f"{p}/vpp-async"], res["ttft"][f"{p}/cpp"])] for p in ("even", "rank")}
-    cmd = "python benchmarks/partition_balance.py " + " ".join(
+    cmd = "python -m benchmarks.partition_balance " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out")
     lines = ["# Partitions balanced per rank vs even, measured", "",
              f"`{cmd}` ({elapsed:.0f} s, {time.strftime('%Y-%m-%d %H:%M')}, load {load0:.2f} -> {load1:.2f}); "

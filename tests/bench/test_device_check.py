@@ -14,9 +14,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.slow
 def test_device_check_dry_run(tmp_path):
     out = tmp_path / "device_check.md"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "device_check.py"), "--dry-run",
-                           "--out", str(out)], capture_output=True, text=True, timeout=240, cwd=ROOT,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    # as a module from the root, as benchmarks/ is run: this checkout's vpp and benchmarks come first
+    path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.device_check", "--dry-run", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = out.read_text()
     assert "Kernels: attention `_cpu_split`, attention pieces `_cpu_lse`, experts `loop`" in text

@@ -3,12 +3,12 @@
 Every strategy runs the same model (``layers`` layers) on ``pp`` ranks under one cost model:
 
 * CPP, DCPP        -- a loop layout (one stage per rank), requests pipelined back to back
-  (:func:`.builders.build_cpp`), blocking transfers. CPP cuts prompts into ``chunk_size`` chunks;
-  DCPP's planner (:mod:`.dcpp`, ``dcpp_variant``) uses ``chunk_size`` as its budget and is profiled on
+  (:func:`vpp.plan.builders.build_cpp`), blocking transfers. CPP cuts prompts into ``chunk_size`` chunks;
+  DCPP's planner (:mod:`vpp.plan.dcpp`, ``dcpp_variant``) uses ``chunk_size`` as its budget and is profiled on
   the cost model (``stage_measure`` over the stages its variant profiles).
 * VPP, VPP-Async   -- a V (``2 folds pp`` stages), fixed chunks, one request at a time (the default
   ``request_order="sequential"``); blocking / non-blocking transfers.
-* VPP-Async + packing -- the same V with :func:`.packing.build_vpp_packed`, whose estimates use the same
+* VPP-Async + packing -- the same V with :func:`vpp.plan.packing.build_vpp_packed`, whose estimates use the same
   cost model.
 
 All plans carry the workload's concurrency limit and arrival times. The default cost model,
@@ -131,7 +131,7 @@ def compare(setup: StreamSetup, workload: Workload, strategies: Sequence[str] = 
 
 
 def packing_effect(rows: dict[str, SimulatedStream]) -> dict:
-    """What packing removes relative to VPP-Async: drain-window idle (the metric of :mod:`.stream`),
+    """What packing removes relative to VPP-Async: drain-window idle (the metric of :mod:`vpp.plan.stream`),
     all bubble, and makespan; fractions are of VPP-Async's."""
     a, p = rows["vpp-async"], rows["vpp-packed"]
     frac = lambda before, after: (before - after) / before if before > 0 else 0.0

@@ -6,7 +6,7 @@ Contenders (one row each): ``cpp``, ``dcpp`` (vLLM-Ascend's planner profiled on 
 (torch.distributed.pipelining's ``ScheduleGPipe.eval`` on the same stage modules, chunks as
 micro-batches, requests one after another; equal chunks only, so prompt lengths must be multiples of
 the chunk size). Rounds interleave the contenders (A B C ... A B C ...). Per run: makespan (barrier to
-the last first-token), throughput, per-request TTFT (from admission, see :mod:`vpp.schedules.stream`)
+the last first-token), throughput, per-request TTFT (from admission, see :mod:`vpp.plan.stream`)
 and, for vpp's own schedules, the bubble ratio of the executed trace.
 """
 

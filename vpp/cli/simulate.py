@@ -8,7 +8,7 @@ Example::
 
 CPP runs a loop layout (one stage per rank) of the same layers; VPP and VPP-Async run ``--layout``.
 The linear cost is the paper's Eq. 2 per layer (``--t`` seconds per layer for the first chunk, growing
-by ``--t`` per chunk of prefix); the flops cost is :class:`~vpp.schedules.cost.FlopCost` with a
+by ``--t`` per chunk of prefix); the flops cost is :class:`~vpp.plan.cost.FlopCost` with a
 generic 7B-class dense layer. Transfers move ``--hidden`` bf16 values per token over ``--bandwidth``.
 """
 

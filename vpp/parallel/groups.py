@@ -123,7 +123,7 @@ def initialize_model_parallel(
     The device follows the default process group's backend (gloo: CPU, NCCL: CUDA, HCCL: NPU), so
     stages are never placed on a device the process group cannot move; an ``accelerator`` that
     disagrees with the backend is an error. The card is ``local_rank``'s, else the current device
-    (set by :func:`init_distributed`)."""
+    (set by :func:`~vpp.parallel.spawn.init_distributed`)."""
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised; call vpp.parallel.init_distributed() first")
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -1,6 +1,6 @@
 """The deployment cost model: a model's architecture on a device, split into stages by a layout.
 
-:class:`DeploymentCost` implements the simulator's cost protocol (:mod:`vpp.schedules.cost`):
+:class:`DeploymentCost` implements the simulator's cost protocol (:mod:`vpp.plan.cost`):
 
 * ``compute(stage, tokens, prefix)`` -- every op of the stage's layers (``layout.stage_layers``) for a
   chunk of ``tokens`` after ``prefix`` cached tokens, on one rank of the stage's TP group, including the

@@ -46,7 +46,7 @@ Sources read: vllm-project/vllm-ascend ``vllm_ascend/core/profiling_chunk_predic
   1e-9 floor on ``a`` and 1 ms fallback target) are converted.
 
 The planner only decides chunk sizes; :func:`dcpp_requests` turns them into ordinary
-:class:`~vpp.schedules.ir.Request` objects for :func:`~vpp.schedules.builders.build_cpp`, so the verifier,
+:class:`~vpp.plan.ir.Request` objects for :func:`~vpp.plan.builders.build_cpp`, so the verifier,
 simulator, executor and traces apply unchanged. Profiling is a callable ``measure(tokens) -> seconds``
 (one forward of ``tokens`` fresh tokens): the executor times a real stage; :func:`stage_measure` builds
 one from a simulator cost model.

@@ -2,7 +2,7 @@
 chunk sizes it picks (through the CPP plan, so verifier, executor and traces apply unchanged).
 
 The vLLM-Ascend and SGLang planners both profile single forwards of one pipeline rank's stage at start
--up (see :mod:`.dcpp`). Here the rank holding stage 0 (every TP rank of it, since the stage's
+-up (see :mod:`vpp.plan.dcpp`). Here the rank holding stage 0 (every TP rank of it, since the stage's
 collectives need them all) times its stage on fresh tokens; global rank 0's fit is then broadcast so
 that every rank derives the same chunk sizes from it (timings differ slightly between ranks, and
 different chunkings would mismatch the plan).
@@ -67,7 +67,7 @@ def forward_dcpp_prefill(stages, input_ids, budget: int, groups: ParallelGroups,
                          planner: DcppPlanner | None = None, variant: str = "vllm-ascend", **kw):
     """Prefill with DCPP chunk sizes over the CPP (loop) layout. Pass a ``planner`` profiled once at
     start-up (:func:`profile_planner`) to avoid profiling on every call; other keywords go to
-    :func:`vpp.schedules.api.forward_prefill`."""
+    :func:`vpp.runtime.api.forward_prefill`."""
     from .api import forward_prefill
 
     planner = planner or profile_planner(stages, groups, budget, variant=variant)

@@ -1,6 +1,6 @@
-"""The executor: runs a :class:`~vpp.schedules.ir.Plan` on real ranks with real stage modules.
+"""The executor: runs a :class:`~vpp.plan.ir.Plan` on real ranks with real stage modules.
 
-It interprets the IR and nothing else (see :mod:`.ir` for the semantics of each action and of the
+It interprets the IR and nothing else (see :mod:`vpp.plan.ir` for the semantics of each action and of the
 two communication modes). This rank runs ``plan.actions[pp_rank]`` in order:
 
 * ``F`` COMPUTE  -- stage ``s`` on chunk ``c`` of request ``q``: its input is the prompt slice (stage 0)
@@ -14,7 +14,7 @@ two communication modes). This rank runs ``plan.actions[pp_rank]`` in order:
   the rest.
 * ``L`` HANDOFF  -- nothing moves: the output stays in this rank's activation table for stage s+1.
 
-Request streams (see :mod:`.ir`): before stage 0 computes a request's first chunk, the executor sleeps
+Request streams (see :mod:`vpp.plan.ir`): before stage 0 computes a request's first chunk, the executor sleeps
 until the request's arrival (seconds after the start barrier, the trace's origin) and, under a
 concurrency limit, until the gating request has finished. Where that request's last stage lives on
 another rank, the rank holding it posts a completion notice in the process group's store.
@@ -30,7 +30,7 @@ synchronisation after the run), and the KV caches of a request are reserved at i
 its first chunk (stages that offer ``reserve(request, tokens)``, an optional part of the stage
 contract), so they are allocated once.
 
-The executor records the simulator's trace format (:mod:`.trace`): compute spans, blocked send/recv
+The executor records the simulator's trace format (:mod:`vpp.plan.trace`): compute spans, blocked send/recv
 spans, spans for posting non-blocking ops (gloo may move the data in the posting thread, so posting
 can take as long as the transfer), and the scheduling overhead (time spent in the interpreter outside
 compute and communication; on an accelerator "compute" there is the time to queue the kernels).
