@@ -127,12 +127,14 @@ def layout_for(model, schedule: str, pp: int, folds: int = 1, *, chunk: int | No
                seq_len: int | None = None, partition: str = "even"):
     """The layout ``schedule`` runs ``model`` on: its strategy's kind, stages as even as the model's
     allowed stage starts permit, or (``partition="rank"``, given the chunk and prompt sizes) balanced
-    per rank on the cost model (:mod:`.partition`)."""
+    per rank on the cost model and, among ties, the fastest for ``schedule`` on the whole prompt
+    (:mod:`.partition`)."""
     kind = strategies.get(schedule).layout
     if partition == "even" or chunk is None or seq_len is None:
         return model.layout_for(schedule, pp, folds)
     folds = 1 if kind == "loop" else folds
-    sizes = choose_partition(model, kind, pp, folds, chunk=chunk, seq_len=seq_len, how=partition)
+    sizes = choose_partition(model, kind, pp, folds, chunk=chunk, seq_len=seq_len, how=partition,
+                             schedule=schedule)
     return make_layout(kind, model.num_layers, pp, folds=folds, partition=sizes)
 
 
