@@ -73,3 +73,14 @@ def test_ties_keep_the_candidates_order():
     assert fastest_partition("vpp-async", "v", 2, candidates, [C] * 4, flat) == tied[0]
     with pytest.raises(ValueError, match="no candidate partitions"):
         simulated_makespans("cpp", "loop", 2, [], [C], flat)
+
+
+def test_the_module_docstrings_figures():
+    """The figures vpp.plan.drain_balance quotes: tau'_k = 70 + 48 k ms per layer, 8 chunks, six layers
+    (twelve for the even split), VPP-Async over CPP."""
+    chunks = [C] * 8
+    [cpp] = simulated_makespans("cpp", "loop", 2, [(3, 3)], chunks, layer_time)
+    heavy_last, heavy_first = simulated_makespans("vpp-async", "v", 2, [(1, 1, 2, 2), (2, 1, 2, 1)], chunks, layer_time)
+    [cpp12] = simulated_makespans("cpp", "loop", 2, [(6, 6)], chunks, layer_time)
+    [even] = simulated_makespans("vpp-async", "v", 2, [(3, 3, 3, 3)], chunks, layer_time)
+    assert [round(heavy_last / cpp, 3), round(heavy_first / cpp, 3), round(even / cpp12, 3)] == [0.952, 0.907, 0.927]

@@ -43,11 +43,11 @@ class BenchConfig:
     tp: int = 1
     pp: int = 2
     seq_len: int = 8192
-    chunk_size: int = 1024
+    chunk_size: int = 2048           # the defaults of ``vpp prefill`` (vpp.cli.prefill: why these)
     schedules: tuple[str, ...] = ("cpp", "vpp", "vpp-async")
     folds: int = 1
     partition: str = "rank"          # "rank": balanced per rank on the cost model (partition.py); "even"
-    repeat: int = 3
+    repeat: int = 5
     warmup: bool = True
     dtype: str = "auto"  # "auto": a model directory's config dtype, float32 for the built-in models
     seed: int = 0
@@ -222,6 +222,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
         per_rank = gather_all(groups, dict(memory.get(sched, {}), rank=groups.global_rank))
         rows[sched].memory = sorted(per_rank, key=lambda m: m["rank"])
     facts = {"transfer_s": transfer_s, "layouts": {s: layouts[s].describe() for s in cfg.schedules},
+             "partitions": {s: list(layouts[s].partition) for s in cfg.schedules},
              "memory_method": acc.peak_memory_method,
              "prompt": prompt, "logits": last_logits,
              "chunks": {s: list(c(cfg.seq_len)) if callable(c) else None for s, c in chunking.items()}}
