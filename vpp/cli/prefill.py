@@ -1,4 +1,6 @@
-"""``vpp prefill``: run prefill schedules on real ranks and print one row per schedule.
+"""``vpp prefill``: run prefill schedules on real ranks and print one row per schedule, then one line on
+why the fastest V schedule beat CPP or did not (its TTFT over CPP's per round, the bubble each left,
+and how many layers of the last chunk run alone at the end).
 
 Without torchrun it spawns ``tp * pp`` ranks on this machine: one accelerator each where it has enough
 (NCCL/HCCL), else CPU ranks (gloo, one thread each by default); ``--device`` chooses. Under torchrun
@@ -59,7 +61,7 @@ def add_arguments(p) -> None:
     p.add_argument("--prompt-file", metavar="FILE",
                    help="a text prompt, tokenized with the model directory's tokenizer.json (pip install vpp-prefill[text])")
     p.add_argument("--chunk-size", type=positive_int, default=DEFAULT_CHUNK,
-                   help=f"tokens per chunk (default {DEFAULT_CHUNK})")
+                   help="tokens per chunk")
     p.add_argument("--schedule", default="cpp,vpp,vpp-async",
                    help=f"comma-separated, from: {', '.join(strategies.PLANNED)}")
     p.add_argument("--folds", type=positive_int, default=1, help="folds of the V (2*folds stages per rank)")
@@ -67,7 +69,7 @@ def add_arguments(p) -> None:
                    help="layers per stage: balanced per rank on the cost model (among ties, the fastest for the "
                         "schedule over the whole prompt, simulated), or even")
     p.add_argument("--repeat", type=positive_int, default=DEFAULT_ROUNDS,
-                   help=f"rounds, each running every schedule once, interleaved (default {DEFAULT_ROUNDS})")
+                   help="rounds, each running every schedule once, interleaved")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="auto: a model directory's config torch_dtype, float32 for the built-in models")
