@@ -47,10 +47,11 @@ def _rank_note(args) -> str:
     model = open_model(args.model)
     costs, embed, head = layer_costs(model.config, chunk=args.chunk, seq_len=args.seq_len)
     out = []
-    for kind in ("loop", "v"):
+    for kind, schedule in (("loop", "cpp"), ("v", "vpp-async")):
         held = {}
         for how in ("even", "rank"):
-            part = choose_partition(model, kind, 2, chunk=args.chunk, seq_len=args.seq_len, how=how)
+            part = choose_partition(model, kind, 2, chunk=args.chunk, seq_len=args.seq_len, how=how,
+                                    schedule=schedule)
             lay = make_layout(kind, model.num_layers, 2, partition=part)
             held[how] = [sorted(i for st in lay.stages_of(r) for i in lay.layers_of(st)) for r in range(2)]
             top = max(rank_loads(part, costs, lay.stage_ranks, embed_cost=embed, head_cost=head))

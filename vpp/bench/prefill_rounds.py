@@ -43,11 +43,11 @@ class BenchConfig:
     tp: int = 1
     pp: int = 2
     seq_len: int = 8192
-    chunk_size: int = 1024
+    chunk_size: int = 2048           # the defaults of ``vpp prefill`` (vpp.cli.prefill: why these)
     schedules: tuple[str, ...] = ("cpp", "vpp", "vpp-async")
     folds: int = 1
     partition: str = "rank"          # "rank": balanced per rank on the cost model (partition.py); "even"
-    repeat: int = 3
+    repeat: int = 5
     warmup: bool = True
     dtype: str = "auto"  # "auto": a model directory's config dtype, float32 for the built-in models
     seed: int = 0
@@ -127,12 +127,14 @@ def layout_for(model, schedule: str, pp: int, folds: int = 1, *, chunk: int | No
                seq_len: int | None = None, partition: str = "even"):
     """The layout ``schedule`` runs ``model`` on: its strategy's kind, stages as even as the model's
     allowed stage starts permit, or (``partition="rank"``, given the chunk and prompt sizes) balanced
-    per rank on the cost model (:mod:`.partition`)."""
+    per rank on the cost model and, among ties, the fastest for ``schedule`` on the whole prompt
+    (:mod:`.partition`)."""
     kind = strategies.get(schedule).layout
     if partition == "even" or chunk is None or seq_len is None:
         return model.layout_for(schedule, pp, folds)
     folds = 1 if kind == "loop" else folds
-    sizes = choose_partition(model, kind, pp, folds, chunk=chunk, seq_len=seq_len, how=partition)
+    sizes = choose_partition(model, kind, pp, folds, chunk=chunk, seq_len=seq_len, how=partition,
+                             schedule=schedule)
     return make_layout(kind, model.num_layers, pp, folds=folds, partition=sizes)
 
 
@@ -220,6 +222,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
         per_rank = gather_all(groups, dict(memory.get(sched, {}), rank=groups.global_rank))
         rows[sched].memory = sorted(per_rank, key=lambda m: m["rank"])
     facts = {"transfer_s": transfer_s, "layouts": {s: layouts[s].describe() for s in cfg.schedules},
+             "partitions": {s: list(layouts[s].partition) for s in cfg.schedules},
              "memory_method": acc.peak_memory_method,
              "prompt": prompt, "logits": last_logits,
              "chunks": {s: list(c(cfg.seq_len)) if callable(c) else None for s, c in chunking.items()}}

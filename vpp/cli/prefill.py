@@ -1,4 +1,6 @@
-"""``vpp prefill``: run prefill schedules on real ranks and print one row per schedule.
+"""``vpp prefill``: run prefill schedules on real ranks and print one row per schedule, then one line on
+why the fastest V schedule beat CPP or did not (its TTFT over CPP's per round, the bubble each left,
+and how many layers of the last chunk run alone at the end).
 
 Without torchrun it spawns ``tp * pp`` ranks on this machine: one accelerator each where it has enough
 (NCCL/HCCL), else CPU ranks (gloo, one thread each by default); ``--device`` chooses. Under torchrun
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 
 from vpp.cli.args import UsageError, nonnegative_float, positive_float, positive_int, writable_dir, writable_file
@@ -23,7 +26,14 @@ from vpp.cli.checks import check_devices, open_checked
 from vpp.cli.terminal import progress_bar, setup_logging
 from vpp.plan import strategies
 
+# The defaults show the effect on a 2-core machine in about two minutes: tiny-deepseek, 8192 random
+# tokens in 4 chunks of 2048, 5 interleaved rounds. With tau_k linear in k, the V's gain over CPP is
+# its shorter drain and fill, (tau_{N-1} - tau_0) / 2 of S + tau_{N-1} (vpp.plan.drain_balance), so it
+# is largest at few chunks whose cost grows most with the prefix: the cost model gives VPP-Async
+# 0.882 of CPP's makespan at 4 chunks of 2048, 0.903 at 8 of 1024 and 0.937 at 16 of 1024.
 DEFAULT_SEQ_LEN = 8192
+DEFAULT_CHUNK = 2048
+DEFAULT_ROUNDS = 5
 # --check tolerance. The pipelined run and the unpipelined reference compute the same products in
 # another order (chunked attention against a cached prefix, TP partial sums). In float32 logits then
 # differ by ~1e-6: 1e-3 is absolute. In 16-bit dtypes every activation is rounded to 8 (bf16) or 11
@@ -46,17 +56,20 @@ def add_arguments(p) -> None:
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks per pipeline stage")
     p.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks (tp * pp ranks in all)")
     p.add_argument("--seq-len", type=positive_int, default=None,
-                   help="prompt tokens (default 8192 random ids; with --prompt-file the text repeated to this length, "
+                   help=f"prompt tokens (default {DEFAULT_SEQ_LEN} random ids; with --prompt-file the text repeated to this length, "
                         "else the text's own length)")
     p.add_argument("--prompt-file", metavar="FILE",
                    help="a text prompt, tokenized with the model directory's tokenizer.json (pip install -e '.[text]' in a clone)")
-    p.add_argument("--chunk-size", type=positive_int, default=1024, help="tokens per chunk (DCPP: its token budget)")
+    p.add_argument("--chunk-size", type=positive_int, default=DEFAULT_CHUNK,
+                   help="tokens per chunk (DCPP: its token budget)")
     p.add_argument("--schedule", default="cpp,vpp,vpp-async",
                    help=f"comma-separated, from: {', '.join(strategies.PLANNED)}")
     p.add_argument("--folds", type=positive_int, default=1, help="folds of the V (2*folds stages per rank)")
     p.add_argument("--partition", default="rank", choices=("rank", "even"),
-                   help="layers per stage: balanced per rank on the cost model, or even")
-    p.add_argument("--repeat", type=positive_int, default=3, help="rounds; each runs every schedule once, interleaved")
+                   help="layers per stage: balanced per rank on the cost model (among ties, the fastest for the "
+                        "schedule over the whole prompt, simulated), or even")
+    p.add_argument("--repeat", type=positive_int, default=DEFAULT_ROUNDS,
+                   help="rounds, each running every schedule once, interleaved")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each schedule")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="auto: a model directory's config torch_dtype, float32 for the built-in models")
@@ -156,7 +169,8 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
     if as_json:
         out = {"config": {k: v for k, v in vars(cfg).items() if k != "progress"}, "transfer_s": facts["transfer_s"],
                "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
-               "atol": atol if cfg.check else None, "memory_method": facts.get("memory_method")}
+               "atol": atol if cfg.check else None, "memory_method": facts.get("memory_method"),
+               "why": why_line(rows, facts)}
         print(json.dumps(out, indent=2, default=str), flush=True)
     else:
         print(_table(rows, facts, cfg), flush=True)
@@ -177,6 +191,32 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
               f"atol={atol}: {facts['check']}{hint}", file=sys.stderr)
         return 1
     return 0
+
+
+def why_line(rows, facts) -> str | None:
+    """One line on the fastest V schedule against CPP: its TTFT as a fraction of CPP's (per round, then
+    the median and range over rounds), the bubble each left (median idle share of the ranks' time),
+    and how much of the last chunk runs alone at the end (the drain): the last stage's layers."""
+    by = {r.schedule: r for r in rows if r.ttft}
+    vs = [r for r in by.values() if strategies.get(r.schedule).layout == "v"]
+    if "cpp" not in by or not vs:
+        return None
+    cpp = by["cpp"]
+    best = min(vs, key=lambda r: r.stats("ttft")[0])
+    ratios = [t / c for t, c in zip(best.ttft, cpp.ttft)]
+    med, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
+    label = strategies.get(best.schedule).label
+    verdict = "faster" if hi < 1 else "not faster every round" if lo < 1 else "not faster"
+    text = f"why {label} is {verdict}: TTFT {med:.3f} x CPP's [{lo:.3f}-{hi:.3f}] (per round)"
+    if best.bubble_ratio and cpp.bubble_ratio:
+        text += (f"; it left {best.stats('bubble_ratio')[0]:.1%} of the ranks' time idle (bubble) vs CPP's "
+                 f"{cpp.stats('bubble_ratio')[0]:.1%}")
+    parts = facts.get("partitions", {})
+    if best.schedule in parts and "cpp" in parts:
+        v_last, cpp_last = parts[best.schedule][-1], parts["cpp"][-1]
+        text += (f"; the last chunk ends on one rank alone, {v_last} layer{'s' * (v_last > 1)} (the V's last "
+                 f"stage) vs CPP's {cpp_last}")
+    return text
 
 
 def _row_dict(r) -> dict:
@@ -204,6 +244,9 @@ def _table(rows, facts, cfg) -> str:
         if cfg.check:
             cells.append(f"{r.max_abs_diff:.2e}" if r.max_abs_diff is not None else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    why = why_line(rows, facts)
+    if why:
+        lines.append(why)
     if any(r.memory for r in rows):
         lines.append(f"peak memory per rank, MiB ({facts.get('memory_method')}): " + "; ".join(
             f"{r.schedule} " + " ".join(f"r{m['rank']}={m.get('peak_bytes', 0) / 2**20:.0f}" for m in r.memory)
