@@ -22,7 +22,7 @@ from benchmarks._report import figure, kib, md_table, save
 from benchmarks import cells as C
 from vpp.bench import paper
 from vpp.bench.serving import best_budget, compare
-from vpp.bench.sweep import MODELS, best, fitted_setups, sweep
+from vpp.bench.sweep import MODELS, at, best, fitted_setups, sweep
 from vpp.perf.decompose import decompose
 from vpp.perf.runs import run
 from vpp.plan import strategies
@@ -160,7 +160,7 @@ def diagnostics(setups, runs, points) -> str:
     body = []
     for model in MODELS:
         for L in paper.LONG_LENGTHS[model]:
-            runs = {c: (C.at(points, model, "vpp-async", L, c).row.total, C.at(points, model, "vpp-async", L, c).row.chunks)
+            runs = {c: (at(points, model, "vpp-async", L, c).row.total, at(points, model, "vpp-async", L, c).row.chunks)
                     for c in paper.CHUNKS}
             w = C.chunk_cost_window(runs)
             body.append([model, kib(L), kib(min(runs, key=lambda c: runs[c][0])),
@@ -205,7 +205,7 @@ def section_sweep(points) -> str:
                                              "VPP-Async over DCPP", "VPP-Async over CPP"], body), ""]
         body = []
         for L in paper.LENGTHS:
-            vals = {c: C.at(points, model, "vpp-async", L, c).row.total for c in paper.CHUNKS}
+            vals = {c: at(points, model, "vpp-async", L, c).row.total for c in paper.CHUNKS}
             top = min(vals, key=vals.get)
             body.append([kib(L)] + [f"**{v:.1f}**" if c == top else f"{v:.1f}" for c, v in vals.items()])
         lines += [f"{model}, VPP-Async TTFT (s) per budget:", "", md_table(["length"] + [kib(c) for c in paper.CHUNKS], body), ""]
