@@ -19,11 +19,11 @@ import time
 
 
 from benchmarks._report import figure, kib, md_table, save
-from benchmarks import cell_status as CS, cells as C, paper_cells as PC
+from benchmarks import cell_status as CS, cells as C, paper_cells as PC, paper_whatif as PW
 from vpp.bench import paper
 from vpp.bench.serving import best_budget, compare
 from vpp.bench.sweep import MODELS, at, best, fitted_setups, sweep
-from vpp.perf.decompose import decompose
+from vpp.perf.decompose import decompose, rank_categories
 from vpp.perf.runs import run
 from vpp.plan import strategies
 from vpp.plan.workloads import long as long_stream, mixed, short
@@ -175,22 +175,33 @@ def section_simulator_view(runs) -> str:
                       ""])
 
 
-def diagnostics(setups, runs, points) -> str:
-    ds = setups["deepseek-v3.1"]
-    lines = ["## 5. Where the model disagrees, and what would have to differ", ""]
+def stage_imbalance(ds) -> str:
+    """What differs between the two ranks of the loop at 512K, from the adopted model's categories."""
+    r = run(ds, "cpp", [524288], 24576)
+    cats = rank_categories(r.plan, r.cost)
+    layout = r.plan.layout
     body = []
-    for name, loop, vee in (("even (model)", [31, 30], [16, 15, 15, 15]), ("rank 0 +1 layer", [32, 29], [17, 15, 14, 15])):
-        c = run(ds, "cpp", [524288], 24576, partition=loop).row
-        d = run(ds, "dcpp", [524288], 24576, partition=loop).row
-        v = run(ds, "vpp-async", [524288], 24576, partition=vee).row
-        body.append([name, c.bubble, c.total, d.bubble, d.total, v.exposed_comm, v.total])
-    P = paper.TABLE_512K
-    body.append(["paper", P["cpp"]["bubble"], P["cpp"]["total"], P["dcpp"]["bubble"], P["dcpp"]["total"],
-                 P["vpp"]["exposed_comm"], P["vpp"]["total"]])
-    lines += ["**Waiting at 512K.** Every row's bubble + exposed communication is ~10-16 s per rank short of the "
-              "paper. One what-if (not adopted) tests a single cause for all three: rank 0 one layer heavier than "
-              "the even split (32/29 layers per rank instead of 31/30, about +10% rank imbalance):", "",
-              md_table(["split", "CPP bubble", "CPP total", "DCPP bubble", "DCPP total", "VPP exp. comm", "VPP total"], body), ""]
+    for rank, c in enumerate(cats):
+        layers = [i for s in layout.stages_of(rank) for i in layout.layers_of(s)]
+        dense = sum(not ds.arch.is_moe(i) for i in layers)
+        body.append([rank, len(layers), dense, sum(v for k, v in c.items() if k not in ("tp_comm", "launch_stall")),
+                     c.get("attention", 0.0), c.get("moe", 0.0) + c.get("gemm", 0.0)])
+    ratio = body[0][3] / body[1][3] - 1
+    return "\n".join([
+        "**Stage-time imbalance from what differs between the ranks** (CPP, DeepSeek 512K / 24K; vLLM's "
+        "`get_pp_indices` gives the odd layer to the first rank: 31/30; the first 3 layers are dense; the "
+        "embedding sits on rank 0, the final norm, LM head and sampling of the last token on rank 1):", "",
+        md_table(["rank", "layers", "dense layers", "computation (s)", "attention (s)", "GEMMs + MoE (s)"], body), "",
+        f"Rank 0 computes {100 * ratio:+.1f}% more than rank 1: attention is ~94% of the time at 512K and per layer "
+        "the same on both ranks, so the extra layer is the imbalance; dense vs MoE FFNs and the embedding / head "
+        "move it by well under 1%. The ~10% imbalance the 512K waiting asks for (the 'rank 0 one layer heavier' "
+        "row below) is not in what differs between the ranks.", ""])
+
+
+def diagnostics(setups, runs, points, whatif: bool = True) -> str:
+    ds = setups["deepseek-v3.1"]
+    lines = ["## 5. Where the model disagrees, and what would have to differ", "", stage_imbalance(ds), "",
+             PW.section(setups) if whatif else "(what-if table: full run only)", ""]
     gaps = []
     for model, length, target in (("qwen3-coder-30b-a3b", 131072, 0.037), ("qwen3-coder-30b-a3b", 524288, 0.087),
                                   ("glm-5.2", 65536, 0.085), ("deepseek-v3.1", 65536, 0.026)):
@@ -212,28 +223,7 @@ def diagnostics(setups, runs, points) -> str:
     lines += ["**The 24K budget.** A per-chunk cost (the same for every chunk) that would make 24K VPP-Async's best "
               "budget, per cell (none: no such cost; the 24K advantage of the paper cannot come from a per-chunk "
               "constant there):", "", md_table(["model", "length", "model's best", "per-chunk cost making 24K best"], body), ""]
-    lines += [ablation_of_terms(setups), ""]
     return "\n".join(lines)
-
-
-def ablation_of_terms(setups) -> str:
-    """The 512K cells with each new term taken out in turn (what each term moves)."""
-    ds = setups["deepseek-v3.1"]
-    variants = (("full model", ds, "profiler"),
-                ("no launch stall (host_step 0)", ds.replace(device=ds.device.replace(host_step=0.0)), "profiler"),
-                ("DCPP offline planner (no online calibration, no sync)", ds.replace(dcpp_online=False), "profiler"),
-                ("simulator view of waiting", ds, "simulator"))
-    body = []
-    for name, st, view in variants:
-        r = {s: run(st, s, [524288], 24576) for s in ("dcpp", "vpp-async")}
-        d, v = (decompose(s, x.plan, x.trace, x.cost, view=view) for s, x in r.items())
-        steps128 = run(st, "dcpp", [131072], 16384).row.chunks
-        body.append([name, d.total, d.bubble, d.launch_stall, d.chunks, steps128, v.exposed_comm, 100 * v.overlap_ratio])
-    P = paper.TABLE_512K
-    body.append(["paper", P["dcpp"]["total"], P["dcpp"]["bubble"], 1.85, "~97", 17, P["vpp"]["exposed_comm"], 51.75])
-    return "\n".join(["**What each new term moves** (DeepSeek 512K / 24K; DCPP steps at 128K / 16K):", "",
-                      md_table(["variant", "DCPP total", "DCPP bubble", "DCPP launch stall", "DCPP steps 512K",
-                                "DCPP steps 128K", "VPP exp. comm", "VPP overlap %"], body)])
 
 
 def section_sweep(points) -> str:
@@ -327,7 +317,7 @@ def main(argv=None) -> int:
     parts = ["# VPP paper reproduction (simulated, paper scale)", "",
              "Command: `PYTHONPATH=. python -m benchmarks.paper_repro`.", "",
              section_constants(setups["deepseek-v3.1"].device), section_view(), section_mechanisms(fit),
-             section_cells(cells, dropped, score), section_simulator_view(runs), diagnostics(setups, runs, points),
+             section_cells(cells, dropped, score), section_simulator_view(runs), diagnostics(setups, runs, points, not args.quick),
              section_sweep(points), section_streams(results)]
     if not args.quick:
         parts += ["Figures: " + ", ".join(os.path.basename(p) for p in figures(setups, points, runs, args.out)), ""]

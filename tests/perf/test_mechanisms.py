@@ -110,3 +110,18 @@ def test_fit_host_step_recovers_a_known_value():
     start = truth.replace(device=truth.device.replace(host_step=0.0))
     fitted, h, got = fit_host_step(start, length=131072, chunk=16384, target=target)
     assert h == pytest.approx(0.02, rel=1e-3) and got == pytest.approx(target, rel=1e-6)
+
+
+def test_calibration_sync_stalls_only_the_timed_steps():
+    """dcpp_sync="calibration": the stall lands on the first REFIT_MAX (30) chunks the planner times."""
+    arch = Arch.from_config(get_config("deepseek"))
+    dev = ASCEND_910C.replace(eff_attn=0.5, eff_link=0.3, host_step=0.02)
+    every = Setup(arch, dev, Parallel(tp=8, weight_bytes=1))
+    calib = every.replace(dcpp_sync="calibration")
+    a, b = run(every, "dcpp", [524288], 8192), run(calib, "dcpp", [524288], 8192)
+    assert a.row.chunks > 30 and a.requests[0].chunk_sizes == b.requests[0].chunk_sizes
+    stages_per_rank = 1
+    assert a.row.launch_stall == pytest.approx(0.02 * a.row.chunks * stages_per_rank)
+    assert b.row.launch_stall == pytest.approx(0.02 * 30 * stages_per_rank)
+    with pytest.raises(ValueError, match="dcpp_sync"):
+        every.replace(dcpp_sync="sometimes").cost(every.layout("loop"), "dcpp")

@@ -10,7 +10,14 @@ DCPP runs as vLLM-Ascend's recommended settings do: ``need_timing`` on (its defa
 calibration"), so the planner re-fits its history model from each step's measured time
 (``dcpp_online``) and the model runner synchronises the device before every timed step
 (``vllm_ascend/worker/model_runner_v1.py``: ``if need_timing: self._sync_device()``), which exposes the
-host's per-step work as device idle (``Device.host_step``, booked as launch stall). ``cp`` > 1 spreads
+host's per-step work as device idle (``Device.host_step``, booked as launch stall). ``dcpp_sync`` says
+which steps sync: ``"every-step"`` (default) every DCPP step, ``"calibration"`` only the steps the
+planner times while it still re-fits its history model (the first ``REFIT_MAX`` = 30 observed steps of a
+fresh planner; later timings change nothing, :meth:`vpp.plan.dcpp.DcppPlanner.observe`). The second,
+with ``host_step`` refitted on Table 2(c), makes DCPP lose more at 64K-256K (30 synced steps of ~62 ms
+against the paper's 1.6-3.6% DCPP gain there), so it is a what-if (benchmarks/paper_whatif.py), not the
+model. The synced steps are known by chunk shape ``(tokens, prefix)``: in a stream of equal prompts a
+later step of a timed shape is charged too (an overestimate there). ``cp`` > 1 spreads
 every stage over that many ring-attention ranks (:class:`.cp.ContextParallelCost`).
 """
 
@@ -20,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import vpp.plan as sch
-from vpp.plan.dcpp import DcppPlanner, profiled_stages, stage_measure
+from vpp.plan.dcpp import REFIT_MAX, DcppPlanner, profiled_stages, stage_measure
 
 from .arch import Arch
 from .cp import ContextParallelCost
@@ -30,6 +37,7 @@ from .hardware import Device
 from .ops import Parallel, embed_ops, head_ops
 
 STRATEGIES = sch.strategies.PLANNED
+SYNC_MODES = ("every-step", "calibration")
 
 
 @dataclass
@@ -42,6 +50,7 @@ class Setup:
     pp: int = 2
     dcpp_variant: str = "vllm-ascend"
     dcpp_online: bool = True     # vLLM-Ascend's need_timing (default on): online re-fit and a device sync per step
+    dcpp_sync: str = "every-step"    # which DCPP steps sync: SYNC_MODES (see the module docstring)
     cp: int = 1                  # context-parallel ranks per stage (each a TP group of par.tp devices)
 
     @property
@@ -56,9 +65,14 @@ class Setup:
         synchronises the device before every step (see the module docstring)."""
         sync = bool(strategy) and self.dcpp_online and sch.strategies.get(strategy).chunking == "dcpp" \
             and self.dcpp_variant == "vllm-ascend"
+        if self.dcpp_sync not in SYNC_MODES:
+            raise ValueError(f"dcpp_sync={self.dcpp_sync!r}; expected one of {SYNC_MODES}")
+        only = set() if sync and self.dcpp_sync == "calibration" else None
         if self.cp > 1:
-            return ContextParallelCost(self.arch, self.device, layout, self.par, cp=self.cp, sync_steps=sync)
-        return DeploymentCost(self.arch, self.device, layout, self.par, sync_steps=sync)
+            cost = ContextParallelCost(self.arch, self.device, layout, self.par, cp=self.cp, sync_steps=sync)
+            cost.sync_only = only
+            return cost
+        return DeploymentCost(self.arch, self.device, layout, self.par, sync_steps=sync, sync_only=only)
 
     def balanced_layout(self, kind: str, chunk: int, prefix: int, folds: int = 1):
         """A ``kind`` layout balanced per rank (:func:`vpp.plan.balance_ranks`) on this deployment's
@@ -106,6 +120,9 @@ def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None
         done, sizes = 0, []
         while done < n:
             c = planner.next_chunk(done, n - done)
+            timed = cost.sync_only is not None and len(planner.history) < REFIT_MAX
+            if timed:
+                cost.sync_only.add((c, done))
             planner.observe(c, done, sum(cost.compute(s, c, done) for s in stages))
             sizes.append(c)
             done += c
