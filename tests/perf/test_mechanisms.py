@@ -92,15 +92,16 @@ def test_only_dcpp_with_online_timing_syncs():
 
 
 def test_online_calibration_plans_chunk_by_chunk():
-    """With online timing the planner re-fits from the observed chunk times, so a DCPP request differs
-    from the offline planner's once 5 chunks are observed."""
+    """With online timing the target is reset to the first chunk's measured time (which includes the
+    fit's constant, so later chunks come out larger than offline) and the planner re-fits its history
+    model from the observed chunk times."""
     arch = Arch.from_config(get_config("deepseek"))
     dev = ASCEND_910C.replace(eff_attn=0.5, eff_link=0.3)
     online = Setup(arch, dev, Parallel(tp=8, weight_bytes=1))
     offline = online.replace(dcpp_online=False)
     a = run(online, "dcpp", [262144], 16384).requests[0].chunk_sizes
     b = run(offline, "dcpp", [262144], 16384).requests[0].chunk_sizes
-    assert sum(a) == sum(b) == 262144 and a[:5] == b[:5] and a != b
+    assert sum(a) == sum(b) == 262144 and a[0] == b[0] == 16384 and a[1] > b[1]
 
 
 def test_fit_host_step_recovers_a_known_value():

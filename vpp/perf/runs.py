@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import vpp.plan as sch
-from vpp.plan.dcpp import DcppPlanner, profiled_stages, stage_measure
+from vpp.plan.dcpp import DcppPlanner, plan_online, profiled_stages, stage_measure
 
 from .arch import Arch
 from .cp import ContextParallelCost
@@ -55,7 +55,7 @@ class Setup:
         """The cost model of this deployment on ``layout``; a DCPP ``strategy`` with online timing
         synchronises the device before every step (see the module docstring)."""
         sync = bool(strategy) and self.dcpp_online and sch.strategies.get(strategy).chunking == "dcpp" \
-            and self.dcpp_variant == "vllm-ascend"
+            and self.dcpp_variant != "sglang"
         if self.cp > 1:
             return ContextParallelCost(self.arch, self.device, layout, self.par, cp=self.cp, sync_steps=sync)
         return DeploymentCost(self.arch, self.device, layout, self.par, sync_steps=sync)
@@ -96,21 +96,14 @@ def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None
     planner observes each chunk's time as it goes (one planner for the whole stream, as one engine
     keeps one), re-fitting its history model over the first observations."""
     stages = profiled_stages(layout, setup.dcpp_variant)
-    planner = DcppPlanner(setup.dcpp_variant, budget=chunk)
+    planner = DcppPlanner(setup.dcpp_variant, budget=chunk, online=setup.dcpp_online)
     planner.profile(stage_measure(cost, stages))
     arrivals = [0.0] * len(lengths) if arrivals is None else list(arrivals)
     if not setup.dcpp_online:
         return [sch.Request(i, tuple(planner.chunk_sizes(n)), a) for i, (n, a) in enumerate(zip(lengths, arrivals))]
-    out = []
-    for i, n in enumerate(lengths):           # plan chunk by chunk, observing each one's time
-        done, sizes = 0, []
-        while done < n:
-            c = planner.next_chunk(done, n - done)
-            planner.observe(c, done, sum(cost.compute(s, c, done) for s in stages))
-            sizes.append(c)
-            done += c
-        out.append(sch.Request(i, tuple(sizes), arrivals[i]))
-    return out
+    step = lambda c, h: sum(cost.compute(s, c, h) for s in stages)
+    sizes = plan_online(planner, lengths, step)
+    return [sch.Request(i, tuple(c), a) for i, (c, a) in enumerate(zip(sizes, arrivals))]
 
 
 def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = None, folds: int = 1,
