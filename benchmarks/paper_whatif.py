@@ -47,14 +47,17 @@ def collective_fixed_cost(ds) -> float:
 
 def variants(ds) -> list[tuple[Variant, object, dict, str]]:
     """(variant, DeepSeek setup, partitions by strategy, view of waiting) for every row."""
-    calib, _, _ = fit_host_step(ds.replace(dcpp_sync="calibration"), length=L512, chunk=B512)
+    every, _, _ = fit_host_step(ds.replace(dcpp_sync="every-step"), length=L512, chunk=B512)
+    m7896, _, _ = fit_host_step(ds.replace(dcpp_variant="vllm-ascend-7896"), length=L512, chunk=B512)
     per_call = collective_fixed_cost(ds)
     coll = _refit_link(ds.replace(device=ds.device.replace(link_latency=ds.device.link_latency + per_call / 14)))
     return [
-        (Variant("adopted model", "every mechanism below as adopted", "", True), ds, {}, "profiler"),
-        (Variant("DCPP syncs only while calibrating", "the launch stall on the first 30 steps of a fresh planner "
-                 "(host_step refitted)", "vllm-ascend: the online re-fit freezes after 30 batches (max_fit_chunk)"),
-         calib, {}, "profiler"),
+        (Variant("adopted model", "vLLM-Ascend main's planner (issue 20); the runner syncs while the planner "
+                 "times", "", True), ds, {}, "profiler"),
+        (Variant("DCPP syncs on every step", "the launch stall on every DCPP step, also in streams after the "
+                 "planner's calibration (host_step refitted)", "the model before issue 23"), every, {}, "profiler"),
+        (Variant("DCPP planner of vLLM-Ascend PR #7896", "smoothing 0.8, timing never off (host_step refitted)",
+                 "vllm-ascend bec63146 (vpp/plan/dcpp.py, issue 20)"), m7896, {}, "profiler"),
         (Variant("DCPP calibrated before the run", "a warm engine: online re-fit done, no sync, no stall",
                  "the paper averages 4 runs per configuration"), ds.replace(device=ds.device.replace(host_step=0.0)),
          {}, "profiler"),
@@ -85,7 +88,8 @@ def section(setups) -> str:
     ds, qwen = setups["deepseek-v3.1"], setups["qwen3-coder-30b-a3b"]
     body = []
     for var, st, parts, view in variants(ds):
-        q = qwen.replace(device=st.device, dcpp_sync=st.dcpp_sync, dcpp_online=st.dcpp_online)
+        q = qwen.replace(device=st.device, dcpp_sync=st.dcpp_sync, dcpp_online=st.dcpp_online,
+                         dcpp_variant=st.dcpp_variant)
         body.append([var.name + (" **(adopted)**" if var.adopted else ""), var.what, var.source]
                     + row_of(st, parts, view, q))
     P = paper.TABLE_512K
