@@ -176,7 +176,7 @@ def section_cells(cells, dropped, score) -> str:
         ""])
 
 
-def section_simulator_view(runs) -> str:
+def section_simulator_view(runs, setups) -> str:
     body = []
     for s in ("cpp", "dcpp", "vpp-async"):
         r = runs[s]
@@ -184,10 +184,36 @@ def section_simulator_view(runs) -> str:
         prof = r.row
         body.append([LABEL[s], prof.bubble, prof.exposed_comm, 100 * prof.overlap_ratio, sim.bubble, sim.exposed_comm,
                      100 * sim.overlap_ratio, prof.total])
-    return "\n".join(["## 4. Tables 1-2 in the other view of waiting", "",
-                      md_table(["row", "bubble (profiler)", "exp. comm (profiler)", "overlap % (profiler)",
-                                "bubble (simulator)", "exp. comm (simulator)", "overlap % (simulator)", "total"], body),
-                      ""])
+    P = paper.TABLE_512K
+    body.append(["paper VPP (Table 2)", P["vpp"]["bubble"], P["vpp"]["exposed_comm"], 100 * paper.OVERLAP_RATIO_512K["vpp"],
+                 "", "", "", P["vpp"]["total"]])
+    ab = {s: run(setups["deepseek-v3.1"], s, [262144] * 3, 32768) for s in ("vpp", "vpp-async", "vpp-packed")}
+    views = {v: {s: decompose(s, r.plan, r.trace, r.cost, view=v) for s, r in ab.items()} for v in ("profiler", "simulator")}
+    A = paper.ABLATION_256K
+    red = lambda x, y: 100 * (y - x) / x
+    abl = []
+    for name, paper_v, f in (
+            ("VPP-Async: non-overlapped comm. change vs VPP (%)", -100 * A["async_exposed_cut"],
+             lambda r: red(r["vpp"].exposed_comm, r["vpp-async"].exposed_comm)),
+            ("VPP-Async overlap ratio (%)", 100 * A["overlap"]["vpp-async"], lambda r: 100 * r["vpp-async"].overlap_ratio),
+            ("VPP bubble ratio (%)", 100 * A["bubble_ratio"]["vpp"], lambda r: 100 * r["vpp"].bubble_ratio),
+            ("VPP-Async bubble ratio (%)", 100 * A["bubble_ratio"]["vpp-async"], lambda r: 100 * r["vpp-async"].bubble_ratio),
+            ("VPP-Async + packing bubble ratio (%)", 100 * A["bubble_ratio"]["vpp-packed"],
+             lambda r: 100 * r["vpp-packed"].bubble_ratio),
+            ("packing: bubble change vs VPP-Async (%)", -100 * A["packing_bubble_cut"],
+             lambda r: red(r["vpp-async"].bubble, r["vpp-packed"].bubble))):
+        abl.append([name, paper_v, f(views["profiler"]), f(views["simulator"])])
+    return "\n".join([
+        "## 4. Both views of waiting, side by side", "",
+        "Tables 1-2 (512K / 24K). The profiler's view is the one scored in section 3; the simulator's view moves "
+        "VPP-Async's waiting from communication to bubble, the blocking plans are the same in both:", "",
+        md_table(["row", "bubble (profiler)", "exp. comm (profiler)", "overlap % (profiler)", "bubble (simulator)",
+                  "exp. comm (simulator)", "overlap % (simulator)", "total"], body), "",
+        "The ablation (3 x 256K, 32K chunks) in both views. The paper's Table 2 books VPP's waiting as "
+        "communication (0.39 s of bubble at 512K) but its ablation books VPP-Async's waiting as bubble (8.3% "
+        "bubble ratio, non-overlapped communication -48%): no single view fits both, and the score keeps the "
+        "profiler's for every cell rather than choosing per table after the fact:", "",
+        md_table(["quantity", "paper", "model (profiler)", "model (simulator)"], abl), ""])
 
 
 def stage_imbalance(ds) -> str:
@@ -332,7 +358,7 @@ def main(argv=None) -> int:
     parts = ["# VPP paper reproduction (simulated, paper scale)", "",
              "Command: `PYTHONPATH=. python -m benchmarks.paper_repro`.", "",
              section_constants(setups["deepseek-v3.1"].device), section_view(), section_mechanisms(fit),
-             section_cells(cells, dropped, score), PM.section(cells), section_simulator_view(runs), diagnostics(setups, runs, points, not args.quick),
+             section_cells(cells, dropped, score), PM.section(cells), section_simulator_view(runs, setups), diagnostics(setups, runs, points, not args.quick),
              section_sweep(points), section_streams(results)]
     if not args.quick:
         parts += ["Figures: " + ", ".join(os.path.basename(p) for p in figures(setups, points, runs, args.out)), ""]
