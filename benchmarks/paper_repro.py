@@ -370,6 +370,8 @@ def main(argv=None) -> int:
         f.write(md)
     blob = {"fit": {"eff_attn": fit.eff_attn, "eff_link": fit.eff_link, "host_step": fit.host_step},
             "summary": score, "cells": [c.to_dict() for c in cells], "duplicates_dropped": dropped,
+            "misses": [{"section": c.section, "row": c.row, "status": c.status, "gap": PM.gap(c),
+                        "mechanism": PM.mechanism(c)} for c in cells if c.within is False and c.status != "derived"],
             "table_512k": {k: v.to_dict() for k, v in rows.items()},
             "streams": {f"{m}/{w}": {s: r.to_dict() for s, r in rs.items()} for (m, w), rs in results.items()},
             "sweep": [{"model": p.model, "strategy": p.strategy, "length": p.length, "chunk": p.chunk, **p.row.to_dict()}

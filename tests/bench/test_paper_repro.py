@@ -20,3 +20,23 @@ def test_quick_mode_writes_the_report(tmp_path):
     assert (tmp_path / "paper_repro.md").exists()
     blob = json.loads((tmp_path / "paper_repro.json").read_text())
     assert blob["cells"] and blob["summary"]["cells"] == len(blob["cells"])
+    assert set(blob["summary"]["counts"]) == {"fitted", "derived", "structural", "predicted"}
+    assert blob["summary"]["counts"]["fitted"] == 3 and len(blob["fit"]) == 3
+    assert all(c["status"] in ("fitted", "derived", "structural", "predicted") and "within" in c for c in blob["cells"])
+    assert all(m["mechanism"] != "not analysed" for m in blob["misses"]), blob["misses"]
+
+
+@pytest.mark.slow
+def test_what_if_rows_change_one_mechanism_each():
+    from benchmarks import paper_whatif as PW
+    from vpp.bench.sweep import fitted_setups
+    setups, _ = fitted_setups()
+    ds = setups["deepseek-v3.1"]
+    rows = PW.variants(ds)
+    assert rows[0][0].adopted and sum(v.adopted for v, *_ in rows) == 1
+    assert all(v.source or v.adopted for v, *_ in rows)
+    # the fixed cost per collective: what closes Table 1's DCPP-over-CPP communication, by its own arithmetic
+    per_call = PW.collective_fixed_cost(ds)
+    assert 1e-4 < per_call < 1e-2
+    md = PW.section(setups)
+    assert md.count("\n|") == len(rows) + 3 and "**(adopted)**" in md      # header, rule, rows, the paper
