@@ -249,10 +249,14 @@ def diagnostics(setups, runs, points, whatif: bool = True) -> str:
         v, d = best(points, model, "vpp-async", length), best(points, model, "dcpp", length)
         x = C.required_step_cost(d.row.total, v.row.total, d.row.chunks, target)
         gaps.append([model, kib(length), f"{100 * (d.row.total / v.row.total - 1):+.1f}%", f"{100 * target:+.1f}%",
-                     d.row.chunks, f"{1e3 * x:+.1f} ms"])
+                     d.row.chunks, f"{1e3 * x:+.1f} ms", f"{1e3 * x / (length / 2 / 2 ** 20):+.1f} ms"])
     lines += ["**VPP over DCPP on Qwen and GLM.** The extra cost per DCPP step that would turn the model's gain into "
-              f"the paper's (compare: the fitted host step is {1e3 * ds.device.host_step:.1f} ms):", "",
-              md_table(["model", "length", "model gain", "paper gain", "DCPP steps", "needed per DCPP step"], gaps), ""]
+              f"the paper's (compare: the fitted host step is {1e3 * ds.device.host_step:.1f} ms), and the same as a "
+              "cost growing with prefix x steps (k per step per 1M tokens of prefix, the mean prefix of a step being "
+              "half the prompt). A negative entry means no added DCPP cost can close the cell; Qwen needs one at 128K "
+              "and the opposite at 512K, so no prefix x steps cost fits both:", "",
+              md_table(["model", "length", "model gain", "paper gain", "DCPP steps", "needed per DCPP step",
+                        "as k x prefix: k per 1M tokens"], gaps), ""]
     body = []
     for model in MODELS:
         for L in paper.LONG_LENGTHS[model]:

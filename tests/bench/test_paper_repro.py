@@ -24,6 +24,12 @@ def test_quick_mode_writes_the_report(tmp_path):
     assert blob["summary"]["counts"]["fitted"] == 3 and len(blob["fit"]) == 3
     assert all(c["status"] in ("fitted", "derived", "structural", "predicted") and "within" in c for c in blob["cells"])
     assert all(m["mechanism"] != "not analysed" for m in blob["misses"]), blob["misses"]
+    status = {(c["section"], c["row"]): c["status"] for c in blob["cells"]}
+    for key in (("Table 1", "CPP computation"), ("Table 1", "CPP exposed comm."), ("Table 2(c)", "DCPP Launch stall")):
+        assert status[key] == "fitted", key
+    for key in (("Table 2(a)", "VPP computation"), ("Table 2(b)", "DCPP Attention"), ("Table 2(b)", "VPP Attention")):
+        assert status[key] == "derived", key           # restatements of the fitted CPP computation
+    assert not any(c["row"].startswith("delta/") for c in blob["cells"])
 
 
 @pytest.mark.slow
