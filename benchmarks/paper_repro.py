@@ -76,12 +76,14 @@ def table_512k(setups) -> dict:
 def model_cells(setups, points) -> list:
     """Every cell the model gives from ``setups`` except the request streams (see :func:`stream_cells`)."""
     ds = setups["deepseek-v3.1"]
-    rows = {s: r.row for s, r in table_512k(setups).items()}
+    runs = table_512k(setups)
+    rows = {s: r.row for s, r in runs.items()}
     st = {k: run(ds, s, [n], b).row for k, (s, n, b) in {
         "cpp128": ("cpp", 131072, 16384), "dcpp128": ("dcpp", 131072, 16384), "cpp512": ("cpp", 524288, 24576)}.items()}
     abl = {s: run(ds, s, [262144] * 3, 32768).row for s in ("vpp", "vpp-async", "vpp-packed")}
     dbest = best(points, "deepseek-v3.1", "dcpp", 524288)
-    return (PC.table_cells(rows) + PC.allgather_cells(rows["dcpp"], rows["vpp-async"])
+    return (PC.table_cells(rows) + PC.allgather_cells(rows["dcpp"], rows["vpp-async"], runs["dcpp"].plan.layout,
+                                                                 runs["vpp-async"].plan.layout)
             + PC.steps_cells(st["cpp128"].chunks, st["dcpp128"].chunks, st["cpp512"].chunks, rows["dcpp"].chunks)
             + PC.motivation_cells(st["cpp128"], None if dbest is None else dbest.chunk)
             + PC.sweep_cells(points) + PC.chunk_cells(points) + PC.ablation_cells(abl))

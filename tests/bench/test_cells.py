@@ -97,3 +97,10 @@ def test_a_cell_holding_a_small_fitted_term_stays_predicted():
     base = [Cell(*stall, 1.85, 1.85), Cell(*bubble, 20.47, 11.5)]       # bubble = 9.65 s Free + the stall
     moved = {"host_step": (stall, _moved(base, **{"DCPP Launch stall": -0.185, "DCPP bubble": -0.185}))}
     assert [c.status for c in assign(base, moved)] == ["fitted", "predicted"]
+
+
+def test_hand_overs_received_per_rank():
+    from benchmarks.paper_cells import receives_per_chunk
+    from vpp.plan import make_layout
+    assert receives_per_chunk(make_layout("loop", 61, 2)) == [0, 1]          # rank 1 receives from rank 0
+    assert receives_per_chunk(make_layout("v", 61, 2)) == [1, 1]        # 0 -> 1, 1 -> 1 local, 1 -> 0
