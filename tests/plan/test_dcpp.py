@@ -145,3 +145,14 @@ def test_requests_feed_cpp_and_simulate():
     plan = verify(build_cpp(layout, reqs))
     s = summarize(simulate(plan, cost))
     assert s.makespan > 0 and s.compute > 0
+
+
+@pytest.mark.parametrize("variant", ["vllm-ascend", "vllm-ascend-7896", "sglang"])
+def test_merge_tail_joins_the_last_chunk_in_every_mode(variant):
+    from vpp.plan.ir import merge_tail
+    for length in (24576 + 100, 30000, 65536 + 777, 8192 + 63):
+        plain = planner(variant).chunk_sizes(length)
+        merged = DcppPlanner(variant=variant, budget=BUDGET, merge_tail=1024).profile(f).chunk_sizes(length)
+        assert merged == merge_tail(plain, 1024) and sum(merged) == length
+    assert planner(variant).chunk_sizes(8192 + 63) == [8192, 63]
+    assert DcppPlanner(variant=variant, budget=BUDGET, merge_tail=64).profile(f).chunk_sizes(8192 + 63) == [8255]
