@@ -255,8 +255,8 @@ def diagnostics(setups, runs, points, whatif: bool = True) -> str:
     lines += ["**VPP over DCPP on Qwen and GLM.** The extra cost per DCPP step that would turn the model's gain into "
               f"the paper's (compare: the fitted host step is {1e3 * ds.device.host_step:.1f} ms), and the same as a "
               "cost growing with prefix x steps (k per step per 1M tokens of prefix, the mean prefix of a step being "
-              "half the prompt). A negative entry means no added DCPP cost can close the cell; Qwen needs one at 128K "
-              "and the opposite at 512K, so no prefix x steps cost fits both:", "",
+              "half the prompt). A negative entry means DCPP would have to be cheaper, which no added cost gives: Qwen "
+              "would need a negative cost at 128K and a positive one at 512K, so no prefix x steps cost fits both:", "",
               md_table(["model", "length", "model gain", "paper gain", "DCPP steps", "needed per DCPP step",
                         "as k x prefix: k per 1M tokens"], gaps), ""]
     body = []
