@@ -60,6 +60,9 @@ class BenchConfig:
     progress: Callable[[str, int], Callable[[int], None]] | None = None
     pin: bool = True
     prompt: list[int] | None = None  # token ids (e.g. a tokenized text); None: seq_len random ids
+    cached_prefix: int = 0           # the first N tokens are prefilled untimed before each timed run
+    dcpp_mode: str = "vllm-ascend"   # a vpp.plan.dcpp.VARIANTS mode
+    dcpp_min_chunk: int | None = None
 
 
 @dataclass
@@ -138,6 +141,12 @@ def layout_for(model, schedule: str, pp: int, folds: int = 1, *, chunk: int | No
     return make_layout(kind, model.num_layers, pp, folds=folds, partition=sizes)
 
 
+def chunks_of(chunking, n: int, cached: int = 0) -> list[int]:
+    """A chunking function's chunk sizes for ``n`` tokens after ``cached`` ones (the call convention
+    of :func:`vpp.runtime.pipeline.requests_for`)."""
+    return list(chunking(n, cached=cached) if cached else chunking(n))
+
+
 def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict]:
     """Run every schedule ``cfg.repeat`` times, interleaved; returns the rows and run facts."""
     if cfg.pin and groups.accelerator.kind == "cpu" and groups.sizes.world_size <= (os.cpu_count() or 1):
@@ -154,8 +163,9 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     stages = {sched: model.stages(layouts[sched], groups) for sched in cfg.schedules}
     say(groups, f"vpp prefill: {cfg.model}, tp={cfg.tp} pp={cfg.pp}, {cfg.seq_len} tokens in chunks of "
                  f"{cfg.chunk_size}; " + "; ".join(f"{s}: {layouts[s].describe()}" for s in cfg.schedules))
-    # DCPP's planner is profiled once on the real first stage (vLLM-Ascend's start-up profiling)
-    chunking = {s: profile_planner(stages[s], groups, cfg.chunk_size).chunk_sizes
+    # DCPP's planner is profiled once on the real stages of its mode's profiled rank (start-up profiling)
+    chunking = {s: profile_planner(stages[s], groups, cfg.chunk_size, variant=cfg.dcpp_mode,
+                                   min_chunk=cfg.dcpp_min_chunk).chunk_sizes
                 if strategies.get(s).chunking == "dcpp" else cfg.chunk_size for s in cfg.schedules}
     hidden = stages[cfg.schedules[0]][0].hidden_size
     transfer_s = measure_transfer(groups, cfg.chunk_size, hidden, dtype)
@@ -166,17 +176,21 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     acc, device = groups.accelerator, groups.device
     memory: dict[str, dict] = {}
 
-    def one(sched: str, ids: torch.Tensor, label: str | None):
-        n = ids.numel()
-        n_chunks = len(chunking[sched](n)) if callable(chunking[sched]) else -(-n // cfg.chunk_size)
+    def one(sched: str, ids: torch.Tensor, label: str | None, cached: int = 0):
+        n = ids.numel() - cached
+        n_chunks = len(chunks_of(chunking[sched], n, cached)) if callable(chunking[sched]) else -(-n // cfg.chunk_size)
         show = label and cfg.progress is not None and groups.global_rank == 0
         bar = cfg.progress(label, n_chunks) if show else None
+        if cached:  # the cached prefix: prefilled untimed, its caches left in the stages for request 0
+            forward_prefill(stages[sched], ids[:cached] if holds_first[sched] else None, chunking[sched], groups,
+                            schedule=sched, timeout_s=cfg.timeout_s)
         if dist.is_initialized():
             dist.barrier()
         acc.reset_peak_memory(device)
         start = time.perf_counter()
         out = forward_prefill(stages[sched], ids if holds_first[sched] else None, chunking[sched], groups,
-                              schedule=sched, return_trace=True, timeout_s=cfg.timeout_s, progress=bar)
+                              schedule=sched, return_trace=True, timeout_s=cfg.timeout_s, progress=bar,
+                              cached_tokens=cached)
         if out.logits is not None:
             acc.synchronize(device)  # TTFT ends when the logits exist (a no-op on CPU)
         ttft = time.perf_counter() - start
@@ -194,7 +208,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     for r in range(cfg.repeat):
         round_ttft = {}
         for sched in cfg.schedules:
-            out, ttft = one(sched, prompt, f"round {r + 1}/{cfg.repeat} {sched}")
+            out, ttft = one(sched, prompt, f"round {r + 1}/{cfg.repeat} {sched}", cfg.cached_prefix)
             ttfts = gather_all(groups, ttft if out.logits is not None else None)
             ttft = max(t for t in ttfts if t is not None)
             summary = out.trace.summarize()
@@ -225,7 +239,8 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
              "partitions": {s: list(layouts[s].partition) for s in cfg.schedules},
              "memory_method": acc.peak_memory_method,
              "prompt": prompt, "logits": last_logits,
-             "chunks": {s: list(c(cfg.seq_len)) if callable(c) else None for s, c in chunking.items()}}
+             "chunks": {s: chunks_of(c, cfg.seq_len - cfg.cached_prefix, cfg.cached_prefix) if callable(c) else None
+                        for s, c in chunking.items()}}
     if cfg.check:
         facts["check"] = _check(groups, model, prompt, last_logits, list(rows.values()))
     if cfg.trace_dir and groups.global_rank == 0:

@@ -73,6 +73,7 @@ class StreamSetup:
     folds: int = 1
     chunk_size: int = 1024
     dcpp_variant: str = "vllm-ascend"
+    dcpp_min_chunk: int | None = None   # None: the mode's own (vLLM-Ascend 4096, clamped to the budget)
     cost: Callable[[Layout], object] = machine_cost
 
     def layout(self, strategy: str) -> Layout:
@@ -109,7 +110,7 @@ def build(setup: StreamSetup, workload: Workload, strategy: str) -> tuple[Plan, 
     layout = setup.layout(strategy)
     cost = setup.cost(layout)
     if spec.chunking == "dcpp":
-        planner = DcppPlanner(setup.dcpp_variant, budget=setup.chunk_size)
+        planner = DcppPlanner(setup.dcpp_variant, budget=setup.chunk_size, min_chunk=setup.dcpp_min_chunk)
         planner.profile(stage_measure(cost, profiled_stages(layout, setup.dcpp_variant)))
         requests = workload.requests(planner=planner)
     else:

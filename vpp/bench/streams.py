@@ -45,6 +45,8 @@ class StreamConfig:
     repeat: int = 3
     seed: int = 0
     timeout_s: float = 1800.0
+    dcpp_mode: str = "vllm-ascend"       # a vpp.plan.dcpp.VARIANTS mode
+    dcpp_min_chunk: int | None = None    # None: the mode's own floor
 
 
 @dataclass
@@ -93,7 +95,8 @@ def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[Me
         layout = make_layout(kind, model.num_layers, groups.pp.size,
                              partition=snap_partition(model.num_layers, n_stages, model.stage_starts))
         stages[name] = model.stages(layout, groups)
-    planner = profile_planner(stages["dcpp"], groups, cfg.chunk_size) if "dcpp" in cfg.contenders else None
+    planner = profile_planner(stages["dcpp"], groups, cfg.chunk_size, variant=cfg.dcpp_mode,
+                              min_chunk=cfg.dcpp_min_chunk) if "dcpp" in cfg.contenders else None
     rows = {c: MeasuredStream(c) for c in cfg.contenders}
     say(groups, f"stream: {wl.name}, {len(wl.lengths)} requests, {sum(wl.lengths)} tokens, concurrency "
                  f"{wl.concurrency}, chunk {cfg.chunk_size}, pp={groups.pp.size}")

@@ -21,10 +21,12 @@ import math
 import statistics
 import sys
 
-from vpp.cli.args import UsageError, nonnegative_float, positive_float, positive_int, writable_dir, writable_file
+from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int, writable_dir,
+                          writable_file)
 from vpp.cli.checks import check_devices, open_checked
 from vpp.cli.terminal import progress_bar, setup_logging
 from vpp.plan import strategies
+from vpp.plan.dcpp import DEFAULT_VARIANT, VARIANTS
 
 # The defaults show the effect on a 2-core machine in about two minutes: tiny-deepseek, 8192 random
 # tokens in 4 chunks of 2048, 5 interleaved rounds. With tau_k linear in k, the V's gain over CPP is
@@ -64,6 +66,14 @@ def add_arguments(p) -> None:
                    help="tokens per chunk (DCPP: its token budget)")
     p.add_argument("--schedule", default="cpp,vpp,vpp-async",
                    help=f"comma-separated, from: {', '.join(strategies.PLANNED)}")
+    p.add_argument("--cached-prefix", type=nonnegative_int, default=0, metavar="N",
+                   help="the first N prompt tokens are prefilled untimed first (their caches stay), then the "
+                        "rest is timed as a prompt with a cached prefix")
+    p.add_argument("--dcpp-mode", default=DEFAULT_VARIANT, choices=VARIANTS,
+                   help="--schedule dcpp: the engine (and commit) whose planner to reproduce, see vpp.plan.dcpp")
+    p.add_argument("--dcpp-min-chunk", type=positive_int, default=None,
+                   help="--schedule dcpp: floor on a chunk (default: the mode's, e.g. vLLM-Ascend 4096 clamped "
+                        "to the budget, which leaves no room to shrink below a 4096-token budget)")
     p.add_argument("--folds", type=positive_int, default=1, help="folds of the V (2*folds stages per rank)")
     p.add_argument("--partition", default="rank", choices=("rank", "even"),
                    help="layers per stage: balanced per rank on the cost model (among ties, the fastest for the "
@@ -110,6 +120,9 @@ def check(args) -> None:
     except (ValueError, OSError, ImportError) as exc:
         raise UsageError(str(exc)) from None
     args.seq_len = len(args.prompt) if args.prompt is not None else args.seq_len or DEFAULT_SEQ_LEN
+    if args.cached_prefix >= args.seq_len:
+        raise UsageError(f"--cached-prefix {args.cached_prefix} leaves nothing to prefill of a {args.seq_len}-token "
+                         f"prompt")
     open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
                  chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
     if args.save_logits:
@@ -126,7 +139,8 @@ def _config(args):
                        warmup=not args.no_warmup, dtype=args.run_dtype, seed=args.seed,
                        moe_dispatch=args.moe_dispatch, timeout_s=args.timeout, check=args.check,
                        trace_dir=args.trace, save_logits=args.save_logits, prompt=args.prompt,
-                       progress=None if args.no_progress else progress_bar)
+                       progress=None if args.no_progress else progress_bar, cached_prefix=args.cached_prefix,
+                       dcpp_mode=args.dcpp_mode, dcpp_min_chunk=args.dcpp_min_chunk)
 
 
 def _worker(rank: int, world: int, cfg):
@@ -232,6 +246,8 @@ def _row_dict(r) -> dict:
 def _table(rows, facts, cfg) -> str:
     head = (f"model={cfg.model} dtype={cfg.dtype} tp={cfg.tp} pp={cfg.pp} seq_len={cfg.seq_len} chunk={cfg.chunk_size} "
             f"repeat={cfg.repeat} (median [min-max]); transfer of one chunk {facts['transfer_s'] * 1e3:.2f} ms")
+    if cfg.cached_prefix:
+        head += f"; the first {cfg.cached_prefix} tokens cached (prefilled untimed), the rest timed"
     cols = ["schedule", "TTFT s", "makespan s", "bubble %", "exposed comm s", "speed-up vs cpp",
             "sim makespan s", "sim bubble %", "overhead us/action"]
     if cfg.check:

@@ -11,6 +11,7 @@ from vpp.cli.args import UsageError, int_list, positive_float, positive_int
 from vpp.cli.checks import open_checked
 from vpp.cli.terminal import setup_logging
 from vpp.plan import strategies
+from vpp.plan.dcpp import DEFAULT_VARIANT, VARIANTS
 
 
 def add_arguments(p) -> None:
@@ -28,6 +29,10 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and arrivals")
     p.add_argument("--timeout", type=positive_float, default=1800.0,
                    help="seconds before a stuck rank fails the run (also the process group's timeout)")
+    p.add_argument("--dcpp-mode", default=DEFAULT_VARIANT, choices=VARIANTS,
+                   help="DCPP planner: the engine (and commit) it reproduces, see vpp.plan.dcpp")
+    p.add_argument("--dcpp-min-chunk", type=positive_int, default=None,
+                   help="DCPP floor on a chunk (default: the mode's, e.g. vLLM-Ascend 4096 clamped to the budget)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -39,7 +44,8 @@ def check(args) -> None:
         raise UsageError(f"--contenders: {exc}") from None
     args.cfg = StreamConfig(model=args.model, pp=args.pp, workload=args.workload, scale=args.scale, n=args.n,
                             concurrency=args.concurrency, lengths=args.lengths, chunk_size=args.chunk_size,
-                            contenders=contenders, repeat=args.repeat, seed=args.seed, timeout_s=args.timeout)
+                            contenders=contenders, repeat=args.repeat, seed=args.seed, timeout_s=args.timeout,
+                            dcpp_mode=args.dcpp_mode, dcpp_min_chunk=args.dcpp_min_chunk)
     lengths = make_workload(args.cfg).lengths
     if "gpipe" in contenders and any(n % args.chunk_size for n in lengths):
         raise UsageError(f"--contenders gpipe needs prompt lengths that are multiples of --chunk-size "
