@@ -23,7 +23,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 # scripts whose small-mode run another branch is adding; the test below fails once one is covered
-PENDING = {"paper_repro": "issue 23 adds its --quick run (and fixes the crash it shows)"}
+PENDING: dict[str, str] = {}  # scripts whose small-mode run another branch is adding (none now)
 
 
 def _run(*args, timeout=600) -> str:
