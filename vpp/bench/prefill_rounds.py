@@ -115,7 +115,7 @@ def measure_transfer(groups: ParallelGroups, tokens: int, hidden: int, dtype: to
     return float(out[0])
 
 
-def _simulated(plan, trace, transfer_s: float):
+def replay(plan, trace, transfer_s: float):
     """Replay ``plan`` with the compute times measured in ``trace`` (median per stage and chunk)."""
     per_stage: dict[int, dict] = {}
     requests = {q.id: q for q in plan.requests}
@@ -212,7 +212,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
             ttfts = gather_all(groups, ttft if out.logits is not None else None)
             ttft = max(t for t in ttfts if t is not None)
             summary = out.trace.summarize()
-            sim = _simulated(out.plan, out.trace, transfer_s)
+            sim = replay(out.plan, out.trace, transfer_s)
             sim_summary = sim.summarize()
             row = rows[sched]
             row.ttft.append(ttft)

@@ -33,6 +33,9 @@ def add_arguments(p) -> None:
                    help="DCPP planner: the engine (and commit) it reproduces, see vpp.plan.dcpp")
     p.add_argument("--dcpp-min-chunk", type=positive_int, default=None,
                    help="DCPP floor on a chunk (default: the mode's, e.g. vLLM-Ascend 4096 clamped to the budget)")
+    p.add_argument("--shared-budget", action="store_true",
+                   help="one token budget per step shared by the requests (vLLM's batch): a request's tail and "
+                        "the next one's first chunk fill a step together")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -45,7 +48,8 @@ def check(args) -> None:
     args.cfg = StreamConfig(model=args.model, pp=args.pp, workload=args.workload, scale=args.scale, n=args.n,
                             concurrency=args.concurrency, lengths=args.lengths, chunk_size=args.chunk_size,
                             contenders=contenders, repeat=args.repeat, seed=args.seed, timeout_s=args.timeout,
-                            dcpp_mode=args.dcpp_mode, dcpp_min_chunk=args.dcpp_min_chunk)
+                            dcpp_mode=args.dcpp_mode, dcpp_min_chunk=args.dcpp_min_chunk,
+                            shared_budget=args.shared_budget)
     lengths = make_workload(args.cfg).lengths
     if "gpipe" in contenders and any(n % args.chunk_size for n in lengths):
         raise UsageError(f"--contenders gpipe needs prompt lengths that are multiples of --chunk-size "
@@ -87,10 +91,14 @@ def format_rows(rows, facts, cfg) -> str:
     head = (f"{cfg.model}, pp={cfg.pp}, workload {facts['workload']} (scale 1/{cfg.scale:g}): "
             f"{len(facts['lengths'])} requests, {sum(facts['lengths'])} tokens, concurrency {facts['concurrency']}, "
             f"chunk {cfg.chunk_size}; median [min-max] of {cfg.repeat} interleaved rounds")
-    cols = ["strategy", "makespan s", "throughput tok/s", "TTFT median s", "TTFT p90 s", "bubble %", "speed-up vs cpp"]
+    if cfg.shared_budget:
+        head += "; one token budget per step shared by the requests"
+    cols = ["strategy", "makespan s", "throughput tok/s", "TTFT median s", "TTFT p90 s", "bubble %", "speed-up vs cpp",
+            "trace makespan s", "simulated replay s"]
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join([r.name, _fmt(r.stats("makespan")), _fmt(r.stats("throughput"), digits=0),
                                         _fmt(r.stats("ttft_median")), _fmt(r.stats("ttft_p90")),
-                                        _fmt(r.stats("bubble_ratio"), 100, 1), _fmt(r.stats("speedup"), digits=3)]) + " |")
+                                        _fmt(r.stats("bubble_ratio"), 100, 1), _fmt(r.stats("speedup"), digits=3),
+                                        _fmt(r.stats("trace_makespan")), _fmt(r.stats("sim_makespan"))]) + " |")
     return "\n".join(lines)
