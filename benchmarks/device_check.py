@@ -61,11 +61,11 @@ def preset_for(acc, device) -> str:
     return "h200" if "h200" in name else "h100"
 
 
-def kernels(device_type: str) -> str:
+def kernels(device_type: str, dtype=torch.bfloat16) -> str:
     from vpp.parallel.attention.kernel import kernel_for, lse_kernel_for
-    from vpp.parallel.moe import grouped_gemm_for
+    from vpp.parallel.moe import expert_gemm_for
     return (f"attention `{kernel_for(device_type).__name__}`, attention pieces "
-            f"`{lse_kernel_for(device_type).__name__}`, experts `{grouped_gemm_for(device_type)}`")
+            f"`{lse_kernel_for(device_type).__name__}`, experts `{expert_gemm_for(torch.device(device_type), dtype)}`")
 
 
 # --- (a) ---------------------------------------------------------------------------------------------

@@ -115,3 +115,11 @@ def test_device_emulation_benchmark_quick():
         assert r["host_blocking_waits_per_chunk"] == 0
         assert abs(r["makespan_s"] / r["sim_makespan_s"] - 1) < 0.05
     assert rows[2]["recv_overlap"] >= 0.9
+
+
+@pytest.mark.parametrize("schedule,pp", [("cpp", 4), ("vpp-async", 4), ("vpp-async", 2)])
+def test_pipeline_warms_exactly_the_pairs_a_plan_uses(schedule, pp):
+    from vpp.runtime.device_order import neighbours
+    plan = _plan(schedule, pp)
+    for r, acts in enumerate(plan.actions):
+        assert neighbours(plan.layout, r) == {a.peer for a in acts if a.peer is not None}

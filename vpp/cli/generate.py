@@ -132,7 +132,7 @@ def _worker(rank: int, world: int, job: GenerateJob, has_tokenizer: bool):
     from vpp.runtime import Pipeline, Sampler, profile_planner
 
     groups = initialize_model_parallel(job.tp, job.pp)
-    model = open_model(job.model, dtype=job.dtype)
+    model = open_model(job.model, dtype=job.dtype, device_kind=groups.accelerator.kind)
     stages = model.stages(layout_for(model, job.schedule, job.pp), groups)
     pipe = Pipeline(stages, groups, timeout_s=job.timeout_s)
     chunking = job.chunk_size

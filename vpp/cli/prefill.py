@@ -202,6 +202,11 @@ def _table(rows, facts, cfg) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if any(r.memory for r in rows):
         lines.append(f"peak memory per rank, MiB ({facts.get('memory_method')}): " + "; ".join(
-            f"{r.schedule} " + " ".join(f"r{m['rank']}={m.get('peak_bytes', 0) / 2**20:.0f}" for m in r.memory)
-            for r in rows))
+            f"{r.schedule} " + " ".join(f"r{m['rank']}={_mib(m)}" for m in r.memory) for r in rows))
     return "\n".join(lines)
+
+
+def _mib(m: dict) -> str:
+    """Peak allocated MiB, with the allocator's reserved peak after a slash where it differs (devices)."""
+    alloc, reserved = m.get("peak_bytes", 0) / 2**20, m.get("peak_reserved_bytes", 0) / 2**20
+    return f"{alloc:.0f}" if round(reserved) in (0, round(alloc)) else f"{alloc:.0f}/{reserved:.0f}"

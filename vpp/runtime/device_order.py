@@ -97,6 +97,13 @@ def stream_ops_for(groups: ParallelGroups) -> StreamOps | None:
     return StreamOps(groups.accelerator.module())
 
 
+def neighbours(layout, rank: int) -> set[int]:
+    """The pipeline ranks that ``rank`` exchanges activations with under ``layout`` (holders of the
+    stages next to its own): the pair communicators a plan on it can use."""
+    return {layout.rank_of(s + d) for s in layout.stages_of(rank) for d in (-1, 1)
+            if 0 <= s + d < layout.num_stages} - {rank}
+
+
 def warm_pair_communicators(groups: ParallelGroups, peers: Iterable[int], ops) -> None:
     """Make the first exchange of every pair communicator this rank's plans use, so that NCCL/HCCL's
     lazy communicator set-up (a host-blocking rendezvous with the peer) happens here and not inside a

@@ -137,6 +137,8 @@ class Executor:
         acc = self.groups.accelerator
         # trace-only: device events, resolved with one synchronisation after the run (none per chunk)
         events = acc.event if self.timed and acc.kind != "cpu" else None
+        if events is not None:
+            acc.synchronize(self.device)  # t0 after the device is idle: host and device spans share it
         self.t0 = time.perf_counter()
         self.timer = ComputeTimer(self.me, self.t0, events=events,
                                   synchronize=(lambda: acc.synchronize(self.device)) if events else None)
