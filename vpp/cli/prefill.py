@@ -59,7 +59,8 @@ def add_arguments(p) -> None:
     p.add_argument("--repeat", type=positive_int, default=3)
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="auto: a model directory's config torch_dtype, float32 for the built-in models")
+                   help="auto: a model directory's config torch_dtype, float32 for the built-in models; "
+                        "16 bits (bf16) on an accelerator")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--moe-dispatch", default="allreduce", choices=("allreduce", "alltoall"))
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per spawned rank")
