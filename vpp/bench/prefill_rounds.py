@@ -49,7 +49,7 @@ class BenchConfig:
     partition: str = "rank"          # "rank": balanced per rank on the cost model (partition.py); "even"
     repeat: int = 5
     warmup: bool = True
-    dtype: str = "auto"  # "auto": a model directory's config dtype, float32 for the built-in models
+    dtype: str = "auto"  # "auto": a model directory's config dtype, float32 for the built-in models (bf16 on devices)
     seed: int = 0
     moe_dispatch: str = "allreduce"
     timeout_s: float = 600.0
@@ -151,7 +151,8 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     """Run every schedule ``cfg.repeat`` times, interleaved; returns the rows and run facts."""
     if cfg.pin and groups.accelerator.kind == "cpu" and groups.sizes.world_size <= (os.cpu_count() or 1):
         os.sched_setaffinity(0, {groups.global_rank % (os.cpu_count() or 1)})
-    model = open_model(cfg.model, dtype=cfg.dtype, seed=cfg.seed, moe_dispatch=cfg.moe_dispatch)
+    model = open_model(cfg.model, dtype=cfg.dtype, seed=cfg.seed, moe_dispatch=cfg.moe_dispatch,
+                       device_kind=groups.accelerator.kind)
     dtype = model.dtype
     vocab = int(model.config.get("vocab_size", 512))
     if cfg.prompt is not None:
@@ -194,7 +195,8 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
         if out.logits is not None:
             acc.synchronize(device)  # TTFT ends when the logits exist (a no-op on CPU)
         ttft = time.perf_counter() - start
-        mem = {"peak_bytes": acc.peak_memory(device), "weights_bytes": weight_bytes(stages[sched]),
+        mem = {"peak_bytes": acc.peak_memory(device), "peak_reserved_bytes": acc.peak_memory_reserved(device),
+               "weights_bytes": weight_bytes(stages[sched]),
                "kv_cache_bytes": sum(cache_bytes(st) for st in stages[sched])}
         if mem["peak_bytes"] >= memory.get(sched, {}).get("peak_bytes", -1):
             memory[sched] = mem

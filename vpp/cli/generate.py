@@ -44,7 +44,7 @@ def add_arguments(p) -> None:
     p.add_argument("--top-k", type=nonnegative_int, default=0, help="keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=positive_float, default=1.0, help="keep the smallest set of this mass (1: all)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="auto: the checkpoint's torch_dtype (float32 for the built-in tiny models)")
+                   help="auto: the checkpoint's torch_dtype (float32 for the built-in tiny models on CPU, bf16 on an accelerator)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per spawned rank")
     p.add_argument("--timeout", type=positive_float, default=600.0,
                    help="seconds before a stuck rank fails the run (also the process group's timeout)")
@@ -139,7 +139,7 @@ def _worker(rank: int, world: int, job: GenerateJob, has_tokenizer: bool):
     from vpp.runtime import Pipeline, Sampler, profile_planner
 
     groups = initialize_model_parallel(job.tp, job.pp)
-    model = open_model(job.model, dtype=job.dtype)
+    model = open_model(job.model, dtype=job.dtype, device_kind=groups.accelerator.kind)
     stages = model.stages(model.layout_for(job.schedule, job.pp), groups)
     pipe = Pipeline(stages, groups, timeout_s=job.timeout_s)
     chunking = job.chunk_size

@@ -82,7 +82,8 @@ def add_arguments(p) -> None:
                    help="rounds, each running every schedule once, interleaved")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each schedule")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="auto: a model directory's config torch_dtype, float32 for the built-in models")
+                   help="auto: a model directory's config torch_dtype, float32 for the built-in models; "
+                        "16 bits (bf16) on an accelerator")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt")
     p.add_argument("--moe-dispatch", default="allreduce", choices=("allreduce", "alltoall"),
                    help="how MoE tokens reach their experts across expert-parallel ranks")
@@ -265,9 +266,14 @@ def _table(rows, facts, cfg) -> str:
         lines.append(why)
     if any(r.memory for r in rows):
         lines.append(f"peak memory per rank, MiB ({facts.get('memory_method')}): " + "; ".join(
-            f"{r.schedule} " + " ".join(f"r{m['rank']}={m.get('peak_bytes', 0) / 2**20:.0f}" for m in r.memory)
-            for r in rows))
+            f"{r.schedule} " + " ".join(f"r{m['rank']}={_mib(m)}" for m in r.memory) for r in rows))
     if "cpp" in cfg.schedules:
         lines.append("speed-up vs cpp = CPP's TTFT / this schedule's TTFT within each round, median [min-max] over "
                      "rounds (> 1: faster than CPP); bubble % = idle / (ranks x makespan)")
     return "\n".join(lines)
+
+
+def _mib(m: dict) -> str:
+    """Peak allocated MiB, with the allocator's reserved peak after a slash where it differs (devices)."""
+    alloc, reserved = m.get("peak_bytes", 0) / 2**20, m.get("peak_reserved_bytes", 0) / 2**20
+    return f"{alloc:.0f}" if round(reserved) in (0, round(alloc)) else f"{alloc:.0f}/{reserved:.0f}"

@@ -33,6 +33,7 @@ from vpp.plan.verify import verify
 
 from . import handshake, inputs
 from .decode import broadcast_logits, decode_step
+from .device_order import neighbours, stream_ops_for, warm_pair_communicators
 from .executor import Executor
 from .layout_inference import check_stage_shapes, infer_layout
 from .prefill_output import PrefillOutput
@@ -82,6 +83,16 @@ class Pipeline:
         self.last = next(st for info in self.pipeline for st in info.stages if st.is_last)
         self.mine = dict(zip(self.layout.stages_of(groups.pp.rank), self.stages))
         self._plans: dict[tuple, Plan] = {}
+        self._warm()
+
+    def _warm(self) -> None:
+        """On NCCL/HCCL, set up the pair communicators with this rank's pipeline neighbours now (the
+        first transfer on each is a host-blocking set-up), so no prefill's TTFT includes it."""
+        ops = stream_ops_for(self.groups)
+        if ops is None:
+            return
+        warm_pair_communicators(self.groups, neighbours(self.layout, self.groups.pp.rank), ops)
+        self.groups.accelerator.synchronize(self.groups.device)
 
     # --- prefill ---------------------------------------------------------------------------------
 
@@ -122,6 +133,7 @@ class Pipeline:
             rendezvous("the start barrier", self.groups.global_rank, self.groups.sizes.world_size,
                        timeout_s=self.timeout_s)
             dist.barrier()
+        self.groups.accelerator.synchronize(self.groups.device)  # the clock starts on an idle device
         start = time.perf_counter()
         result = executor.run(by_id)
         wall = time.perf_counter() - start
