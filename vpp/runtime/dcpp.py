@@ -55,11 +55,12 @@ def profile_planner(stages: Sequence[torch.nn.Module], groups: ParallelGroups, b
     if first:
         planner.profile(stage_timer(first[0], groups))
     if dist.is_initialized() and groups.sizes.world_size > 1:
-        box = [planner if groups.global_rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
+        root = groups.members[0]
+        box = [planner if groups.global_rank == root else None]
+        dist.broadcast_object_list(box, src=root, group=groups.instance_pg)
         planner = box[0]
     if not planner.ready:
-        raise RuntimeError("no rank holding stage 0 profiled the DCPP planner (global rank 0 must hold stage 0)")
+        raise RuntimeError("no rank holding stage 0 profiled the DCPP planner (the instance's first global rank must hold stage 0)")
     return planner
 
 
