@@ -54,7 +54,8 @@ class HandoverInfo:
 class HandoverReport:
     """One rank's view of a hand-over: bytes it sent and received, the bytes of the caches it holds
     for the requests afterwards (decode ranks: what it received; tokens x bytes per token, not the
-    allocation), the wall time on this rank and the prefill side's ``payload``."""
+    allocation), the wall time on this rank (``seconds``: the exchange included; ``transfer_s``: from
+    the plan to the caches installed) and the prefill side's ``payload``."""
 
     requests: list
     tokens: dict
@@ -64,6 +65,7 @@ class HandoverReport:
     seconds: float
     payload: Any
     transfers: int
+    transfer_s: float = 0.0
 
 
 def pieces_of(stages: Sequence[torch.nn.Module]) -> tuple[Piece, ...]:
@@ -129,6 +131,7 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
                         pollable=link.groups.accelerator.backend != "gloo", global_ranks=tuple(range(len(world))))
     sent = received = held = 0
     tokens = {}
+    moving = time.perf_counter()
     try:
         for q in requests:
             q_shapes = {}
@@ -149,8 +152,9 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
         raise
     finally:
         watchdog.close()
-    return HandoverReport(requests, tokens, sent, received, held, time.perf_counter() - start,
-                          by_rank[link.prefill_ranks[0]].payload, len(plan))
+    end = time.perf_counter()
+    return HandoverReport(requests, tokens, sent, received, held, end - start, by_rank[link.prefill_ranks[0]].payload,
+                          len(plan), end - moving)
 
 
 def _send(pipe, request: Hashable, plan: list[Transfer], me: int, watchdog: Watchdog) -> int:
