@@ -174,7 +174,9 @@ class Pipeline:
         return out
 
     def import_cache(self, request: Hashable, tensors: dict[str, torch.Tensor]) -> None:
-        """Install a request's caches exported by a pipeline of the same layout and TP rank."""
+        """Install a request's caches exported by a pipeline of the same layout and TP rank (for another
+        layout: :func:`vpp.runtime.handover.hand_over`, or :mod:`vpp.runtime.kv_files` through a
+        directory)."""
         for stage in self.stages:
             start, end = stage.layer_range
             mine = {k: v for k, v in tensors.items() if start <= int(k.split(".")[2]) < end}
