@@ -298,6 +298,15 @@ def _load_worker(job: GenerateJob, has_tokenizer: bool):
     return Generation(generated, 0.0, decode_s, steps) if groups.global_rank == 0 else None
 
 
+def _config(job: GenerateJob) -> dict:
+    """The job's settings for the JSON output: the hand-over's only when used (internal ones never)."""
+    extra = ("decode_tp", "decode_pp", "save_kv", "load_kv")
+    out = {k: v for k, v in asdict(job).items() if k not in ("prompt_ids", "first_tokens", "sampler_state")}
+    if job.decode_tp is None:
+        out.pop("decode_pp")
+    return {k: v for k, v in out.items() if k not in extra or v is not None}
+
+
 def _streamer(tokenizer):
     printed: list[int] = []
 
@@ -325,8 +334,9 @@ def run(args) -> int:
     if args.json:
         out = {"prompt_ids": job.prompt_ids, "generated_ids": new, "ttft_s": gen.ttft_s,
                "time_per_output_token_s": gen.time_per_output_token_s, "decode_steps": gen.steps,
-               "handover_s": gen.handover_s,
-               "config": {k: v for k, v in asdict(job).items() if k != "prompt_ids"}}
+               "config": _config(job)}
+        if job.decode_tp is not None:
+            out["handover_s"] = gen.handover_s
         if args.tokenizer is not None:
             out["text"] = args.tokenizer.decode(new)
         print(json.dumps(out))
