@@ -345,3 +345,25 @@ def test_min_chunk_is_clamped_to_the_budget_on_main_only():
     assert DcppPlanner("vllm-ascend-7896", budget=2048).min_chunk == 4096
     assert DcppPlanner("vllm-ascend", budget=16384).min_chunk == 4096
     assert DcppPlanner("sglang", budget=16384).min_chunk == 4096
+
+
+def test_time_budget_of_a_shared_step_equals_the_peer():
+    """vLLM-Ascend (main) shares a step's time budget between requests: after the first request's
+    chunk (here the last 2000 tokens of a request), the next one is predicted with ``target_time =
+    T - predict_time(chunk, computed)``."""
+    model = MODELS["balanced"]
+    for page in PAGES:
+        ours = DcppPlanner("vllm-ascend", budget=16 * K, align=page, online=False).profile(lambda n: model(n, 0))
+        peer = _engine("vllm-ascend", 16 * K, page, need_timing=False)
+        peer.profile(lambda n: model(n, 0) * 1000.0)
+        for first_prefix, second_prefix in ((64 * K, 0), (128 * K, 32 * K), (8 * K, 200 * K)):
+            c1 = ours.next_chunk(first_prefix, 2000, first=False)
+            assert c1 == peer.schedule(first_prefix, first_prefix, 2000) == 2000
+            left_ms = ours.target - ours.time(c1, first_prefix) * 1000.0
+            f = lambda s: peer.pred.a * s * s + peer.pred.b * s + peer.pred.c
+            peer_left = peer.pred.target_latency - (f(c1 + first_prefix) - f(first_prefix))
+            assert left_ms == pytest.approx(peer_left, rel=1e-12)
+            assert peer_left > 0
+            want = peer.pred.predict(second_prefix, 16 * K, page, peer_left)
+            got = ours.predict(second_prefix, left_ms)
+            assert got == want and got is not None, (page, first_prefix, second_prefix)

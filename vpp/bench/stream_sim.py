@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 from vpp.plan import strategies
 from vpp.plan.cost import LinearCost, seconds_per_token
 from vpp.plan.dcpp import DcppPlanner, profiled_stages, stage_measure
+from vpp.plan.shared_budget import shared_budget_requests
 from vpp.plan.ir import Plan
 from vpp.plan.layout import Layout, make_layout
 from vpp.plan.packing import packed_chunks
@@ -74,6 +75,7 @@ class StreamSetup:
     chunk_size: int = 1024
     dcpp_variant: str = "vllm-ascend"
     dcpp_min_chunk: int | None = None   # None: the mode's own (vLLM-Ascend 4096, clamped to the budget)
+    shared_budget: bool = False         # one token budget per step shared by the requests (plan/shared_budget.py)
     cost: Callable[[Layout], object] = machine_cost
 
     def layout(self, strategy: str) -> Layout:
@@ -109,9 +111,14 @@ def build(setup: StreamSetup, workload: Workload, strategy: str) -> tuple[Plan, 
     spec = strategies.get(strategy, STRATEGIES + EXTRA)
     layout = setup.layout(strategy)
     cost = setup.cost(layout)
+    planner = None
     if spec.chunking == "dcpp":
         planner = DcppPlanner(setup.dcpp_variant, budget=setup.chunk_size, min_chunk=setup.dcpp_min_chunk)
         planner.profile(stage_measure(cost, profiled_stages(layout, setup.dcpp_variant)))
+    if setup.shared_budget:
+        requests = shared_budget_requests(workload.lengths, setup.chunk_size, planner=planner,
+                                          arrivals=workload.arrivals)
+    elif planner is not None:
         requests = workload.requests(planner=planner)
     else:
         requests = workload.requests(setup.chunk_size)

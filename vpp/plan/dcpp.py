@@ -131,7 +131,12 @@ class DcppPlanner:
     ``observe`` / ``observe_step`` feed measured step times (vLLM-Ascend's online calibration, on while
     ``timing``). ``align`` is the KV page size (chunks align to ``max(align, 64)``); ``max_chunk`` and
     ``context_len`` are SGLang's ``max_prefill_tokens`` and model context length; ``merge_tail`` joins
-    a final chunk below that many tokens to the one before (0: off)."""
+    a final chunk below that many tokens to the one before (0: off).
+
+    A step shared by several requests (vLLM-Ascend #9900's time budget): start from ``planner.target``
+    (ms), plan the first request's chunk, subtract ``planner.time(chunk, prefix) * 1000``, and pass what
+    is left as ``next_chunk(..., time_budget_ms=left)`` for the next request (the engine stops adding
+    requests once it is <= 0)."""
 
     variant: str = DEFAULT_VARIANT
     budget: int = 8192

@@ -6,7 +6,9 @@ name means the same thing everywhere and an unknown name gives the same error ev
 * ``cpp``        -- chunked-prefill pipeline parallelism: a loop layout (one stage per rank), fixed
   chunks, blocking transfers, requests pipelined back to back (:func:`.builders.build_cpp`).
 * ``dcpp``       -- the same plan with DCPP's chunk sizes (a :class:`.dcpp.DcppPlanner`, profiled on the
-  real stage or on a cost model), the baseline of SGLang and vLLM-Ascend.
+  real stage or on a cost model), the baseline of SGLang and vLLM-Ascend; its modes reproduce each
+  engine's planner at a named commit (``vllm-ascend``, the paper's baseline and the default;
+  ``vllm-ascend-7896``; ``sglang``).
 * ``vpp``        -- the paper's Algorithm 1 over a V (2 folds x P stages), blocking.
 * ``vpp-async``  -- VPP with one slot of slack per remote hop and non-blocking transfers.
 * ``vpp-packed`` -- VPP-Async with cross-request pipelined packing (Algorithm 2).
