@@ -113,3 +113,18 @@ def test_shared_budget_dcpp_calibrates_on_each_step():
         for q, n in step:
             sizes[q].append(n)
     assert [list(q.chunk_sizes) for q in reqs_off] == sizes
+
+
+def test_packing_estimate_switch():
+    from vpp.plan import simulate, strategies
+    from vpp.plan.stream import stream_stats
+
+    setup = tiny_setup().replace(packing_estimate="eq2")
+    w = Workload("w", (512, 512, 512, 512), (0.0,) * 4, 4)
+    r = serve(setup, w, "vpp-packed", 512)
+    layout = setup.layout("v")
+    cost = setup.cost(layout, "vpp-packed")
+    plan = strategies.get("vpp-packed").plan(layout, w.requests(512), concurrency=4, cost=None)
+    assert r.stats.makespan == pytest.approx(stream_stats(simulate(plan, cost, check=False), plan).makespan)
+    with pytest.raises(ValueError, match="packing_estimate"):
+        tiny_setup().replace(packing_estimate="x").cost(layout)

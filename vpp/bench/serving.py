@@ -18,7 +18,9 @@ With ``setup.shared_budget`` (:class:`vpp.perf.runs.Setup`) every strategy fills
 scheduler does (:mod:`vpp.plan.shared_budget`): a step carries the rest of the running request, then
 the first chunks of the next ones, up to the budget; DCPP shares vLLM-Ascend's time budget the same way
 and calibrates online on each step's time. Each request's piece of a step is its own stage call, so a
-prompt shorter than the budget is one chunk with or without the shared budget.
+prompt shorter than the budget is one chunk with or without the shared budget. ``setup.packing_estimate``
+says what VPP + packing estimates its drain windows with: this deployment's cost model (``"cost"``,
+default) or Algorithm 2's own law, tau_k = (k + 1) t (``"eq2"``, :func:`vpp.plan.packing.default_cost`).
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def serve(setup: Setup, workload: Workload, strategy: str, chunk: int, *, per_ra
         requests = shared_budget_requests(workload.lengths, chunk, arrivals=workload.arrivals)
     else:
         requests = workload.requests(chunk)
-    plan = spec.plan(layout, requests, concurrency=workload.concurrency, cost=cost)
+    estimate = None if spec.packs and setup.packing_estimate == "eq2" else cost   # None: Algorithm 2's Eq. 2 law
+    plan = spec.plan(layout, requests, concurrency=workload.concurrency, cost=estimate)
     trace = simulate(plan, cost, check=False)
     return Served(strategy, chunk, stream_stats(trace, plan), sum(q.num_chunks for q in plan.requests))
 

@@ -57,6 +57,7 @@ class Setup:
     dcpp_sync: str = "calibration"   # which DCPP steps sync: SYNC_MODES (see the module docstring)
     cp: int = 1                  # context-parallel ranks per stage (each a TP group of par.tp devices)
     shared_budget: bool = False  # streams: one token budget per step shared by the requests (vpp.plan.shared_budget)
+    packing_estimate: str = "cost"  # VPP + packing's window estimates: "cost" (this deployment) or "eq2" (Algorithm 2's law)
 
     @property
     def devices(self) -> int:
@@ -70,6 +71,8 @@ class Setup:
         synchronises the device before every step (see the module docstring)."""
         sync = bool(strategy) and self.dcpp_online and sch.strategies.get(strategy).chunking == "dcpp" \
             and self.dcpp_variant != "sglang"
+        if self.packing_estimate not in ("cost", "eq2"):
+            raise ValueError(f"packing_estimate={self.packing_estimate!r}; expected 'cost' or 'eq2'")
         if self.dcpp_sync not in SYNC_MODES:
             raise ValueError(f"dcpp_sync={self.dcpp_sync!r}; expected one of {SYNC_MODES}")
         only = set() if sync and self.dcpp_sync == "calibration" else None
