@@ -19,15 +19,18 @@ holds a request's first chunk until it arrives, so later arrivals cost time, nev
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .dcpp import DcppPlanner
 from .ir import Request
 
 
-def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None
+def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
+                        on_step: Callable[[list[tuple[int, int]]], None] | None = None
                         ) -> list[list[tuple[int, int]]]:
-    """The steps of a stream: each a list of (request index, tokens) summing to at most ``budget``."""
+    """The steps of a stream: each a list of (request index, tokens) summing to at most ``budget``.
+    ``on_step``, if given, is called after each step is formed with its (tokens, prefix) per piece, before
+    the next step is planned (an engine's online calibration: ``planner.observe_step`` on its time)."""
     lengths = [int(n) for n in lengths]
     if budget < 1:
         raise ValueError(f"budget={budget} tokens must be >= 1")
@@ -36,7 +39,7 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
     done = [0] * len(lengths)
     steps, head = [], 0
     while head < len(lengths):
-        left, step = budget, []
+        left, step, shapes = budget, [], []
         time_left = planner.target if planner is not None else None
         q = head
         while left > 0 and q < len(lengths):
@@ -49,6 +52,7 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
                                           time_budget_ms=time_left if step else None)
             n = min(want, left, rest)
             step.append((q, n))
+            shapes.append((n, done[q]))
             if planner is not None and time_left is not None:
                 time_left -= planner.time(n, done[q]) * 1000.0
             done[q] += n
@@ -57,18 +61,21 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
                 break                      # cut by the budget (or the planner): the step is full
             q += 1
         steps.append(step)
+        if on_step is not None:
+            on_step(shapes)
         while head < len(lengths) and done[head] == lengths[head]:
             head += 1
     return steps
 
 
 def shared_budget_requests(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
-                           arrivals: Iterable[float] | None = None, first_id: int = 0) -> list[Request]:
-    """Requests whose chunks are their pieces of :func:`shared_budget_steps`."""
+                           arrivals: Iterable[float] | None = None, first_id: int = 0,
+                           on_step: Callable[[list[tuple[int, int]]], None] | None = None) -> list[Request]:
+    """Requests whose chunks are their pieces of :func:`shared_budget_steps` (``on_step``: see there)."""
     lengths = list(lengths)
     arrivals = [0.0] * len(lengths) if arrivals is None else list(arrivals)
     sizes: list[list[int]] = [[] for _ in lengths]
-    for step in shared_budget_steps(lengths, budget, planner=planner):
+    for step in shared_budget_steps(lengths, budget, planner=planner, on_step=on_step):
         for q, n in step:
             sizes[q].append(n)
     return [Request(first_id + i, tuple(s), a) for i, (s, a) in enumerate(zip(sizes, arrivals))]
