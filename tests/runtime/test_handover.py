@@ -35,9 +35,8 @@ def references(tmp_path_factory):
 
 
 def _pipe(model, link, schedule, pp_p, pp_d):
-    from vpp.bench.prefill import layout_for
     from vpp.runtime import Pipeline
-    layout = layout_for(model, schedule, pp_p) if link.is_prefill else model.layout("loop", pp_d)
+    layout = model.layout_for(schedule, pp_p) if link.is_prefill else model.layout("loop", pp_d)
     return Pipeline(model.stages(layout, link.groups), link.groups, timeout_s=120)
 
 

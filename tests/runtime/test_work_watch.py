@@ -2,7 +2,6 @@
 thread, notices a transfer past its deadline or another rank's failure notice, and the rank's thread
 raises it at its next check."""
 
-import threading
 import time
 
 import pytest
