@@ -18,7 +18,8 @@ import json
 import math
 import sys
 
-from vpp.cli.args import UsageError, nonnegative_float, positive_float, positive_int, writable_dir, writable_file
+from vpp.cli.args import (UsageError, nonnegative_float, positive_float, positive_int, writable_file,
+                          writable_files_in)
 from vpp.cli.checks import check_devices, open_checked
 from vpp.cli.output import progress_bar, setup_logging
 from vpp.plan import strategies
@@ -32,6 +33,7 @@ DEFAULT_SEQ_LEN = 8192
 # allows 8 ulps of the reference's largest |logit| (the tiny FP8 checkpoints at TP 2 x PP 2 in
 # bf16 differ by 2 ulps); a wrong stage, layout or shard moves logits by O(L). (An MoE router or DSA
 # indexer whose top-k flips on a rounding can exceed it in 16 bits: compare in float32 then.)
+TRACE_FILES = (".trace.json", ".chrome.json", ".simulated.chrome.json", ".png", ".simulated.png")  # per schedule
 CHECK_RTOL = {"bfloat16": 8 * 2.0 ** -7, "float16": 8 * 2.0 ** -10}
 
 
@@ -101,7 +103,7 @@ def check(args) -> None:
     if args.save_logits:
         writable_file(args.save_logits, "--save-logits")
     if args.trace:
-        writable_dir(args.trace, "--trace")
+        writable_files_in(args.trace, [s + suffix for s in args.schedules for suffix in TRACE_FILES], "--trace")
     check_devices(args.device, args.tp * args.pp)
 
 
@@ -160,10 +162,13 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
     else:
         print(_table(rows, facts, cfg), flush=True)
     if cfg.save_logits:  # after the results are out: a failure here loses nothing measured
-        from safetensors.torch import save_file
+        from safetensors.torch import save
+        from vpp.safe_write import write_bytes
         tensors = {"input_ids": facts["prompt"].contiguous()}
         tensors.update({f"logits.{s}": t.float().contiguous() for s, t in facts["logits"].items()})
-        save_file(tensors, cfg.save_logits, metadata={"model": cfg.model, "chunk_size": str(cfg.chunk_size)})
+        # serialised here, written beside the target and renamed over it only if it is a regular file
+        write_bytes(cfg.save_logits, save(tensors, metadata={"model": cfg.model, "chunk_size": str(cfg.chunk_size)}),
+                    option="--save-logits")
     if failed:
         hint = ""
         if cfg.dtype in CHECK_RTOL:
