@@ -79,6 +79,9 @@ def check(args) -> None:
     args.tokenizer = _tokenizer(args)
     if args.prompt is not None or args.prompt_file is not None:
         text = args.prompt if args.prompt is not None else _read(args.prompt_file)
+        if not text.strip():  # a tokenizer would still give its BOS: a one-token prompt nobody asked for
+            option = "--prompt" if args.prompt is not None else f"--prompt-file {args.prompt_file}"
+            raise UsageError(f"{option}: the prompt is empty ({len(text)} characters, no text)")
         try:
             ids = text_prompt(args.tokenizer, text, vocab_size=int(model.config["vocab_size"])).tolist()
         except ValueError as exc:

@@ -153,7 +153,8 @@ def _fmt(stats, scale=1.0, digits=3) -> str:
 def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
     failed = []
     if cfg.check:
-        failed = [r.schedule for r in rows if r.max_abs_diff is None or r.max_abs_diff > atol]
+        # "not <=": a NaN difference (NaN or Inf on either side) fails, it never passes
+        failed = [r.schedule for r in rows if r.max_abs_diff is None or not r.max_abs_diff <= atol]
     if as_json:
         out = {"config": {k: v for k, v in vars(cfg).items() if k != "progress"}, "transfer_s": facts["transfer_s"],
                "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
@@ -174,8 +175,12 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
         if cfg.dtype in CHECK_RTOL:
             hint = (f" (in {cfg.dtype} a top-k of the MoE router or the DSA indexer can flip on a rounding difference "
                     f"and move logits by O(1); --dtype float32 checks the pipeline to 1e-3)")
-        print(f"CHECK FAILED: logits of {failed} differ from the unpipelined reference by more than "
-              f"atol={atol}: {facts['check']}{hint}", file=sys.stderr)
+        bad_ref = facts["check"].get("reference_nonfinite")
+        if bad_ref:
+            print(f"CHECK FAILED: {bad_ref}; the schedules {failed} cannot pass", file=sys.stderr)
+        else:
+            print(f"CHECK FAILED: logits of {failed} differ from the unpipelined reference by more than "
+                  f"atol={atol}: {facts['check']}{hint}", file=sys.stderr)
         return 1
     return 0
 

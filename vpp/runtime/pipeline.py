@@ -31,7 +31,7 @@ from vpp.plan.ir import Plan, Request, chunk_requests
 from vpp.plan.layout import Layout
 from vpp.plan.verify import verify
 
-from . import handshake, inputs
+from . import finite, handshake, inputs
 from .decode import broadcast_logits, decode_step
 from .executor import Executor
 from .layout import check_stage_shapes, infer_layout
@@ -117,10 +117,34 @@ class Pipeline:
                        timeout_s=self.timeout_s)
             dist.barrier()
         start = time.perf_counter()
-        result = executor.run(by_id)
-        wall = time.perf_counter() - start
+        try:
+            result = executor.run(by_id)
+            wall = time.perf_counter() - start
+            self.check_finite(result.nonfinite, "prefill")
+        except BaseException:
+            for q in ids:  # a failed prefill keeps no caches: the pipeline can take the next request
+                self.release(q)
+            raise
         trace = gather_trace(result, self.groups, plan, timeout_s=self.timeout_s) if return_trace else None
         return PrefillOutput(result.logits.get(ids[0]), result.logits, plan, result, trace, wall)
+
+    def check_finite(self, local: list, what: str) -> None:
+        """Share every rank's non-finite (stage, request) pairs and raise the same
+        :class:`~.finite.NonFiniteError` everywhere if there is any (see :mod:`.finite`)."""
+        local = [(s, q, self._nonfinite_layer(s, q)) for s, q in local]  # only after a non-finite run
+        found = [local]
+        if dist.is_initialized() and self.groups.sizes.world_size > 1:
+            rendezvous(f"the finiteness exchange after the {what}", self.groups.global_rank,
+                       self.groups.sizes.world_size, timeout_s=self.timeout_s)
+            found = [None] * self.groups.sizes.world_size
+            dist.all_gather_object(found, local)
+        first = finite.first_nonfinite(found)
+        if first is not None:
+            finite.raise_nonfinite(first, self.layout, dict(enumerate(self.layout.stage_layers)), what=what)
+
+    def _nonfinite_layer(self, stage: int, request: Hashable) -> int | None:
+        ask = getattr(self.mine.get(stage), "nonfinite_layer", None)  # optional in the stage contract
+        return ask(request) if ask is not None and request is not None else None
 
     def plan(self, schedule: str, requests: Sequence[Request], concurrency: int | None = None) -> Plan:
         """The verified plan of ``schedule`` for ``requests`` (built once per distinct chunking)."""
