@@ -48,6 +48,8 @@ class PromptInfo:
     prompt_lengths: tuple[int, ...] | None
     prompt_problem: str | None
     run_key: str
+    global_rank: int = 0
+    prompt_digest: str | None = None  # of the prompts this rank was given, stage 0 or not (None: none given)
 
 
 @dataclass
@@ -101,7 +103,7 @@ class Pipeline:
             raise ValueError(f"concurrency={concurrency!r} must be a positive integer or None")
         prompts, problem = inputs.as_prompts(input_ids)
         infos = self._exchange_prompts(prompts, problem)
-        problem = handshake.first_problem(infos)
+        problem = handshake.disagreement(infos) or handshake.first_problem(infos)
         if problem:
             raise ValueError(problem)
         lengths = handshake.prompt_lengths(infos)
@@ -161,7 +163,8 @@ class Pipeline:
             problems = [handshake.check_prompt(p, self.first, f"prompt {i}" if len(prompts) > 1 else "prompt")
                         for i, p in enumerate(prompts)]
             problem = problem or next((p for p in problems if p), None)
-        mine = PromptInfo(lengths, problem, os.urandom(8).hex())
+        digest = handshake.prompts_digest(prompts) if prompts is not None else None
+        mine = PromptInfo(lengths, problem, os.urandom(8).hex(), self.groups.global_rank, digest)
         if not dist.is_initialized() or self.groups.sizes.world_size == 1:
             return [mine]
         rendezvous("the prompts' exchange", self.groups.global_rank, self.groups.sizes.world_size,
