@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int)
 from vpp.cli.checks import open_checked
+from vpp.cli.memory_check import check_memory, check_positions
 from vpp.cli.output import setup_logging
 from vpp.plan import strategies
 
@@ -88,12 +89,19 @@ def check(args) -> None:
             raise UsageError(str(exc)) from None
     else:
         import torch
+        if args.seq_len is not None:  # before building the prompt
+            check_positions(model.config, args.seq_len + args.max_new_tokens,
+                            f"--seq-len {args.seq_len} plus --max-new-tokens {args.max_new_tokens}")
         vocab = int(model.config["vocab_size"])
         ids = torch.randint(0, vocab, (args.seq_len or 128,), generator=torch.Generator().manual_seed(args.seed)).tolist()
     limit = model.config.get("max_position_embeddings")
     if limit is not None and len(ids) + args.max_new_tokens > limit:
         raise UsageError(f"a prompt of {len(ids)} tokens plus --max-new-tokens {args.max_new_tokens} exceeds the "
                          f"model's {limit} positions")
+    from vpp.bench.prefill import layout_for
+    check_memory(model, {args.schedule: layout_for(model, args.schedule, args.pp)}, tp=args.tp,
+                 tokens=len(ids) + args.max_new_tokens, chunk=args.chunk_size,
+                 option=f" plus {args.max_new_tokens} new tokens")
     args.job = GenerateJob(args.model, args.tp, args.pp, args.schedule, args.chunk_size, args.max_new_tokens, ids,
                            args.temperature, args.top_k, args.top_p, args.seed, args.dtype, args.timeout,
                            stream=not args.json, eos_token_id=model.config.get("eos_token_id")

@@ -21,6 +21,7 @@ import sys
 from vpp.cli.args import (UsageError, nonnegative_float, positive_float, positive_int, writable_file,
                           writable_files_in)
 from vpp.cli.checks import check_devices, open_checked
+from vpp.cli.memory_check import check_memory, check_positions
 from vpp.cli.output import progress_bar, setup_logging
 from vpp.plan import strategies
 
@@ -93,13 +94,22 @@ def check(args) -> None:
         model = open_model(args.model, dtype=args.dtype)  # the config only: no weights are read here
         args.run_dtype = str(model.dtype).removeprefix("torch.")
         args.prompt = None
+        if args.seq_len is not None:  # before building any prompt: a billion tokens fail here, at once
+            check_positions(model.config, args.seq_len, f"--seq-len {args.seq_len}")
         if args.prompt_file is not None:
             args.prompt = prompt_ids(args.model, model.config.get("vocab_size"), args.seq_len, args.prompt_file).tolist()
     except (ValueError, OSError, ImportError) as exc:
         raise UsageError(str(exc)) from None
     args.seq_len = len(args.prompt) if args.prompt is not None else args.seq_len or DEFAULT_SEQ_LEN
-    open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
-                 chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
+    what = f"the prompt of --prompt-file {args.prompt_file}" if args.prompt is not None else f"--seq-len {args.seq_len}"
+    check_positions(model.config, args.seq_len, what)
+    checked = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
+                           chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
+    from vpp.bench.prefill import layout_for
+    layouts = {s: layout_for(checked, s, args.pp, args.folds, chunk=args.chunk_size, seq_len=args.seq_len,
+                             partition=args.partition) for s in args.schedules}
+    args.memory_plan = check_memory(model, layouts, tp=args.tp, tokens=args.seq_len, chunk=args.chunk_size,
+                                    device=args.device)
     if args.save_logits:
         writable_file(args.save_logits, "--save-logits")
     if args.trace:
@@ -140,7 +150,7 @@ def run(args) -> int:
     atol = args.atol
     if atol is None:
         atol = check_tolerance(cfg.dtype, facts["check"]["reference_max_abs"] if cfg.check else 0.0)
-    return report(rows, facts, cfg, as_json=args.json, atol=atol)
+    return report(rows, facts, cfg, as_json=args.json, atol=atol, memory_plan=getattr(args, "memory_plan", None))
 
 
 def _fmt(stats, scale=1.0, digits=3) -> str:
@@ -150,7 +160,7 @@ def _fmt(stats, scale=1.0, digits=3) -> str:
     return f"{med * scale:.{digits}f} [{lo * scale:.{digits}f}-{hi * scale:.{digits}f}]"
 
 
-def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
+def report(rows, facts, cfg, *, as_json: bool, atol: float, memory_plan: dict | None = None) -> int:
     failed = []
     if cfg.check:
         # "not <=": a NaN difference (NaN or Inf on either side) fails, it never passes
@@ -158,7 +168,8 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
     if as_json:
         out = {"config": {k: v for k, v in vars(cfg).items() if k != "progress"}, "transfer_s": facts["transfer_s"],
                "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
-               "atol": atol if cfg.check else None, "memory_method": facts.get("memory_method")}
+               "atol": atol if cfg.check else None, "memory_method": facts.get("memory_method"),
+               "memory": _memory_json(rows, memory_plan)}
         print(json.dumps(out, indent=2, default=str), flush=True)
     else:
         print(_table(rows, facts, cfg), flush=True)
@@ -183,6 +194,21 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
                   f"atol={atol}: {facts['check']}{hint}", file=sys.stderr)
         return 1
     return 0
+
+
+def _memory_json(rows, plans: dict | None) -> dict:
+    """Per schedule and rank: the plan made before the ranks started (vpp.perf.memory_plan) beside the
+    measured peak (rows' memory; on CPU the process's peak RSS, which the plan's "runtime" part covers)."""
+    out = {}
+    for r in rows:
+        plan = {p.rank: p.to_dict() for p in (plans or {}).get(r.schedule, [])}
+        out[r.schedule] = [{"rank": m["rank"], "plan": plan.get(m["rank"]), "measured_peak_bytes": m.get("peak_bytes"),
+                            "measured_weights_bytes": m.get("weights_bytes"),
+                            "measured_kv_cache_bytes": m.get("kv_cache_bytes"),
+                            "plan_over_measured": (plan[m["rank"]]["total"] / m["peak_bytes"]
+                                                   if m["rank"] in plan and m.get("peak_bytes") else None)}
+                           for m in r.memory]
+    return out
 
 
 def _row_dict(r) -> dict:
