@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-
 from vpp.cli.args import UsageError
 
 MIB = 2 ** 20
