@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
@@ -39,6 +40,9 @@ from .output import PrefillOutput
 from .sampling import Sampler
 from .traces import gather_trace
 from .watchdog import rendezvous
+
+
+PLAN_CACHE = 64  # verified plans kept per Pipeline (each a few KB to MBs: one action per chunk and stage)
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ class Pipeline:
         self.first = next(st for info in self.pipeline for st in info.stages if st.is_first)
         self.last = next(st for info in self.pipeline for st in info.stages if st.is_last)
         self.mine = dict(zip(self.layout.stages_of(groups.pp.rank), self.stages))
-        self._plans: dict[tuple, Plan] = {}
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # least recently used first
 
     # --- prefill ---------------------------------------------------------------------------------
 
@@ -154,6 +158,9 @@ class Pipeline:
         if key not in self._plans:
             spec = strategies.get(schedule, strategies.PLANNED)
             self._plans[key] = verify(spec.plan(self.layout, requests, concurrency=concurrency))
+            while len(self._plans) > PLAN_CACHE:  # a server sees endless distinct chunkings: keep memory flat
+                self._plans.popitem(last=False)
+        self._plans.move_to_end(key)
         return self._plans[key]
 
     def _exchange_prompts(self, prompts, problem) -> list[PromptInfo]:
