@@ -1,6 +1,6 @@
 """Beyond the paper, in simulation at paper scale (same fitted 910C device as paper_repro.py).
 
-    python benchmarks/beyond_paper.py [--out benchmarks/results] [--only pp,dsa,memory,tune]
+    python -m benchmarks.beyond_paper [--out benchmarks/results] [--only pp,dsa,memory,tune,devices] [--quick]
 
 1. Pipeline depth: PP = 2, 4, 8 (TP8 each): CPP vs the V vs more folds vs Megatron-interleaved layouts;
    the best layout per depth and length and the bubble it leaves.
@@ -10,7 +10,8 @@
    fits 64 GB.
 4. The auto-tuner (`vpp tune`) against the paper's best configuration.
 5. The same deployment on H100 / H200 (16 GPUs: TP8 in a node, PP across two nodes).
-Writes beyond_paper.md, beyond_paper.json and PNGs.
+Writes beyond_paper.md, beyond_paper.json and PNGs. ``--quick`` runs every section on fewer budgets, lengths
+and tuner cases (:data:`QUICK`): a smoke run of the code paths, not a result.
 """
 
 from __future__ import annotations
@@ -20,22 +21,21 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from vpp.perf.arch import Arch  # noqa: E402
-from vpp.perf.configs import get_config  # noqa: E402
-from vpp.perf.hardware import H100, H200  # noqa: E402
-from vpp.perf.decompose import decompose  # noqa: E402
-from vpp.perf.memory import kv_bytes_per_token_layer, rank_memory  # noqa: E402
-from _report import figure, kib, md_table, save  # noqa: E402
-from vpp.perf.runs import Setup, run  # noqa: E402
-from vpp.bench.sweep import MODELS, fitted_setups, paper_setup  # noqa: E402
-from vpp.perf.taper import best_taper  # noqa: E402
-from vpp.perf.tune import paper_best, tune  # noqa: E402
-from vpp.plan.ir import Request  # noqa: E402
+from vpp.perf.arch import Arch
+from vpp.perf.configs import get_config
+from vpp.perf.hardware import H100, H200
+from vpp.perf.decompose import decompose
+from vpp.perf.memory import kv_bytes_per_token_layer, rank_memory
+from benchmarks._report import figure, kib, md_table, save
+from vpp.perf.runs import Setup, run
+from vpp.bench.sweep import MODELS, fitted_setups, paper_setup
+from vpp.perf.taper import best_taper
+from vpp.perf.tune import NothingFits, paper_best, tune
+from vpp.plan.ir import Request
 
 CHUNKS = (8192, 16384, 24576, 32768)
 LENGTHS = (65536, 131072, 262144, 524288, 1048576)
@@ -45,9 +45,27 @@ LAYOUTS = (("CPP (loop)", "cpp", "loop", 1), ("V f=1 blocking (VPP)", "vpp", "v"
            ("interleaved f=2 async", "vpp-async", "interleaved", 2), ("interleaved f=3 async", "vpp-async", "interleaved", 3))
 
 
-def best_over_chunks(setup, strategy, length, kind, folds):
+@dataclass(frozen=True)
+class Sizes:
+    """What the sections sweep: chunk budgets, prompt lengths (pipeline depth), lengths of the DSA
+    remedies, the tuner's (PP, length) cases and models, and whether it also searches extended budgets."""
+    chunks: tuple = CHUNKS
+    lengths: tuple = LENGTHS
+    dsa_lengths: tuple = (65536, 131072, 262144, 524288)
+    tune_cases: tuple = ((2, 131072), (2, 524288), (4, 524288))
+    tune_models: tuple = MODELS
+    extended: bool = True
+
+
+FULL = Sizes()
+# the figures' own points (16K budget, 512K prompt) stay in, so every section and figure still runs
+QUICK = Sizes(chunks=(16384, 24576), lengths=(131072, 524288), dsa_lengths=(131072,), tune_cases=((2, 131072),),
+              tune_models=MODELS[:1], extended=False)
+
+
+def best_over_chunks(setup, strategy, length, kind, folds, chunks=CHUNKS):
     best = None
-    for c in CHUNKS:
+    for c in chunks:
         r = run(setup, strategy, [length], c, kind=kind, folds=folds)
         row = decompose("x", r.plan, r.trace, r.cost, view="simulator")
         if best is None or row.total < best[0].total:
@@ -55,7 +73,7 @@ def best_over_chunks(setup, strategy, length, kind, folds):
     return best
 
 
-def section_pp(device, model="deepseek-v3.1", out_dir=None):
+def section_pp(device, model="deepseek-v3.1", out_dir=None, sizes=FULL):
     lines = [f"## 1. Pipeline depth ({model}, TP8 x PP = 2, 4, 8)", "",
              "TTFT (s) at each layout's best budget; bubble = idle + waiting share of rank-time "
              "(simulator view). Speed-up is over CPP at its best budget.", ""]
@@ -63,8 +81,8 @@ def section_pp(device, model="deepseek-v3.1", out_dir=None):
     for pp in (2, 4, 8):
         setup = paper_setup(model, device, pp=pp)
         body = []
-        for L in LENGTHS:
-            res = {name: best_over_chunks(setup, strat, L, kind, f) for name, strat, kind, f in LAYOUTS
+        for L in sizes.lengths:
+            res = {name: best_over_chunks(setup, strat, L, kind, f, sizes.chunks) for name, strat, kind, f in LAYOUTS
                    if kind == "loop" or 2 * f * pp <= setup.arch.layers}
             cpp = res["CPP (loop)"][0].total
             top = min(res, key=lambda n: res[n][0].total)
@@ -115,7 +133,7 @@ def tau_curve(setup, chunk, length):
     return tau, alpha, beta, r2, np.abs(tau - fit).max() / tau.mean(), np.abs(tau - eq2).max() / tau.max()
 
 
-def section_dsa(setups, out_dir=None):
+def section_dsa(setups, out_dir=None, sizes=FULL):
     glm = setups["glm-5.2"]
     dense = dense_variant(glm)
     lines = ["## 2. Sparse attention (DSA) and VPP", "",
@@ -123,7 +141,7 @@ def section_dsa(setups, out_dir=None):
              "Eq. 2 is tau_k = (k+1) tau_0; Eq. 3b needs only tau affine in k.", ""]
     body, curves = [], {}
     for name, s in (("GLM-5.2 DSA", glm), ("GLM-5.2 dense MLA", dense)):
-        for c in CHUNKS:
+        for c in sizes.chunks:
             tau, a, b, r2, res, dev = tau_curve(s, c, 131072)
             curves[(name, c)] = tau
             body.append([name, kib(c), f"{tau[0]:.3f}", f"{tau[-1]:.3f}", f"{a:.3f}", f"{b:.4f}", f"{a / b:.1f}",
@@ -137,15 +155,15 @@ def section_dsa(setups, out_dir=None):
               ", ".join(f"{k} {100 * v / tot:.0f}%" for k, v in sorted(bd.items(), key=lambda kv: -kv[1]) if v / tot > 0.01), ""]
     rows = []
     for name, s in (("DSA", glm), ("dense MLA", dense)):
-        for L in (65536, 131072, 262144, 524288):
-            cpp = min(run(s, "cpp", [L], c).row.total for c in CHUNKS)
-            base = min(((run(s, "vpp-async", [L], c), c) for c in CHUNKS), key=lambda rc: rc[0].row.total)
+        for L in sizes.dsa_lengths:
+            cpp = min(run(s, "cpp", [L], c).row.total for c in sizes.chunks)
+            base = min(((run(s, "vpp-async", [L], c), c) for c in sizes.chunks), key=lambda rc: rc[0].row.total)
             sim = decompose("x", base[0].plan, base[0].trace, base[0].cost, view="simulator")
-            f2 = min(run(s, "vpp-async", [L], c, folds=2).row.total for c in CHUNKS)
+            f2 = min(run(s, "vpp-async", [L], c, folds=2).row.total for c in sizes.chunks)
             tap = min(best_taper(lambda sz: run(s, "vpp-async", [L], c, requests=[Request(0, tuple(sz))]).row.total,
-                                 L, c)[3] for c in CHUNKS)
+                                 L, c)[3] for c in sizes.chunks)
             both = min(best_taper(lambda sz: run(s, "vpp-async", [L], c, folds=2,
-                                                 requests=[Request(0, tuple(sz))]).row.total, L, c)[3] for c in CHUNKS)
+                                                 requests=[Request(0, tuple(sz))]).row.total, L, c)[3] for c in sizes.chunks)
             v = base[0].row.total
             rows.append([name, kib(L), f"{cpp:.2f}", f"{v:.2f} [{kib(base[1])}]", f"{100 * sim.bubble_ratio:.1f}%",
                          f"{100 * (cpp - v) / cpp:+.1f}%", f"{100 * (v - tap) / v:+.1f}%", f"{100 * (v - f2) / v:+.1f}%",
@@ -158,7 +176,7 @@ def section_dsa(setups, out_dir=None):
     for eff in (None, 0.1, 0.03):
         s = paper_setup("glm-5.2", glm.device.replace(eff_irregular=eff))
         for L in (65536, 131072):
-            t = {st: min(run(s, st, [L], c).row.total for c in CHUNKS) for st in ("cpp", "dcpp", "vpp-async")}
+            t = {st: min(run(s, st, [L], c).row.total for c in sizes.chunks) for st in ("cpp", "dcpp", "vpp-async")}
             what.append(["as memory (baseline)" if eff is None else f"{eff} of bandwidth", kib(L), t["cpp"],
                          f"{100 * (t['cpp'] - t['vpp-async']) / t['cpp']:+.1f}%",
                          f"{100 * (t['dcpp'] - t['vpp-async']) / t['dcpp']:+.1f}%"])
@@ -210,19 +228,24 @@ def section_memory(setups):
     return "\n".join(lines), {"rows": body}
 
 
-def section_tune(setups):
+def section_tune(setups, sizes=FULL):
     lines = ["## 4. Auto-tuner vs the paper's best configuration", "",
              "`vpp tune` searches loop/V/interleaved x folds 1-3 x even/balanced partition x budgets x "
              "blocking/async (and DCPP on the loop), then tapers the best few. Extended budgets add 12K, 20K, "
              "40K and 48K to the paper's four.", ""]
     body = []
     ext = (8192, 12288, 16384, 20480, 24576, 32768, 40960, 49152)
-    for model in MODELS:
-        for pp, L in ((2, 131072), (2, 524288), (4, 524288)):
+    searches = (("paper budgets", sizes.chunks), ("extended", ext))[:2 if sizes.extended else 1]
+    for model in sizes.tune_models:
+        for pp, L in sizes.tune_cases:
             s = paper_setup(model, setups[model].device, pp=pp)
             base = paper_best(s, L)
-            for label, chunks in (("paper budgets", CHUNKS), ("extended", ext)):
-                best = tune(s, L, chunks=chunks, max_folds=3, cp=False)[0]   # CP: cp_compare.py
+            for label, chunks in searches:
+                try:
+                    best = tune(s, L, chunks=chunks, max_folds=3, cp=False)[0]   # CP: cp_compare.py
+                except NothingFits as e:  # the paper's best may not fit either: say so, with the figures
+                    body.append([model, pp, kib(L), label, f"{base.ttft:.2f}", "-", "-", f"nothing fits: {e}"])
+                    continue
                 body.append([model, pp, kib(L), label, f"{base.ttft:.2f}", f"{best.ttft:.2f}",
                              f"{100 * (base.ttft - best.ttft) / base.ttft:+.1f}%", best.candidate.describe()])
     lines += [md_table(["model", "PP", "length", "search", "paper best (s)", "tuned (s)", "gain", "tuned configuration"],
@@ -230,7 +253,7 @@ def section_tune(setups):
     return "\n".join(lines), {"rows": body}
 
 
-def section_devices(setups):
+def section_devices(setups, sizes=FULL):
     lines = ["## 5. The same deployment on GPUs", "",
              "16 devices, TP8 x PP2; GPUs with FP8 weights for DeepSeek/GLM (their W8A8 analogue), BF16 for Qwen; "
              "GPU efficiencies are the presets' assumptions (not fitted), the 910C row is the fitted one. "
@@ -240,7 +263,7 @@ def section_devices(setups):
         for dev_name, dev in (("910C (fitted)", setups[model].device), ("H100", H100), ("H200", H200)):
             s = paper_setup(model, dev)
             for L in (131072, 524288):
-                t = {st: min(run(s, st, [L], c).row.total for c in CHUNKS) for st in ("cpp", "dcpp", "vpp-async")}
+                t = {st: min(run(s, st, [L], c).row.total for c in sizes.chunks) for st in ("cpp", "dcpp", "vpp-async")}
                 body.append([model, dev_name, kib(L), t["cpp"], t["dcpp"], t["vpp-async"],
                              f"{100 * (t['cpp'] - t['vpp-async']) / t['cpp']:+.1f}%",
                              f"{100 * (t['dcpp'] - t['vpp-async']) / t['dcpp']:+.1f}%"])
@@ -252,28 +275,30 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--only", default="pp,dsa,memory,tune,devices")
+    ap.add_argument("--quick", action="store_true", help="fewer budgets, lengths and tuner cases (a smoke run)")
     args = ap.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     setups, fit = fitted_setups()
     parts = ["# Beyond the paper (simulated, paper scale)", "",
-             "Command: `python benchmarks/beyond_paper.py`. Device: Ascend 910C die with " + fit.describe() + ".", ""]
+             f"Command: `python -m benchmarks.beyond_paper{' --quick' if args.quick else ''}`. Device: Ascend 910C die with " + fit.describe() + ".", ""]
     blob = {}
     todo = args.only.split(",")
     if "pp" in todo:
-        text, blob["pp"] = section_pp(setups["deepseek-v3.1"].device, out_dir=args.out)
+        text, blob["pp"] = section_pp(setups["deepseek-v3.1"].device, out_dir=args.out, sizes=sizes)
         parts.append(text)
     if "dsa" in todo:
-        text, blob["dsa"] = section_dsa(setups, out_dir=args.out)
+        text, blob["dsa"] = section_dsa(setups, out_dir=args.out, sizes=sizes)
         parts.append(text)
     if "memory" in todo:
         text, blob["memory"] = section_memory(setups)
         parts.append(text)
     if "tune" in todo:
-        text, blob["tune"] = section_tune(setups)
+        text, blob["tune"] = section_tune(setups, sizes)
         parts.append(text)
     if "devices" in todo:
-        text, blob["devices"] = section_devices(setups)
+        text, blob["devices"] = section_devices(setups, sizes)
         parts.append(text)
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "beyond_paper_notes.md")
     if os.path.exists(notes):

@@ -18,14 +18,13 @@ largest read / held ratio. ``--json`` writes the rows; ``--before FILE`` adds th
 earlier run (e.g. the same script run on an older checkout) as a column. Results:
 ``benchmarks/results/checkpoint_reads.md``.
 
-    python benchmarks/checkpoint_reads.py [--json FILE] [--before FILE] [--out FILE]
+    python -m benchmarks.checkpoint_reads [--json FILE] [--before FILE] [--out FILE] [--models tiny-qwen,...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -33,14 +32,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's vpp
 
-from vpp.models import (  # noqa: E402
+from vpp.models import (
     SafetensorsCheckpoint, build_stage, checkpoint_shapes, model_config, random_checkpoint,
 )
-from vpp.models.tiny import TINY_CONFIGS  # noqa: E402
-from vpp.parallel import GridSizes, Group, ParallelGroups, get_accelerator  # noqa: E402
-from vpp.parallel.grid import group_of, rank_groups  # noqa: E402
+from vpp.models.tiny import TINY_CONFIGS
+from vpp.parallel import GridSizes, Group, ParallelGroups, get_accelerator
+from vpp.parallel.grid import group_of, rank_groups
 
 MODELS = ("tiny-qwen", "tiny-deepseek", "tiny-glm")
 LAYOUTS = ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2))
@@ -201,10 +199,10 @@ def measure(model_dir: Path, tp: int, ep: int) -> dict:
             "ratio": max(r / h for r, h in zip(reads, helds))}
 
 
-def run() -> list[dict]:
+def run(models=MODELS) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in MODELS:
+        for name in models:
             for fmt in ("bf16", "fp8"):
                 model_dir = save_model(name, fmt == "fp8", Path(tmp) / f"{name}-{fmt}")
                 for tp, ep in LAYOUTS:
@@ -260,9 +258,10 @@ def main() -> None:
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--before", help="rows of an earlier run (--json), shown as a column")
     p.add_argument("--out", help="write the markdown table here")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated tiny models")
     args = p.parse_args()
     torch.set_num_threads(1)
-    rows = run()
+    rows = run(args.models.split(","))
     before = None
     if args.before:
         before = {(r["model"], r["format"], r["tp"], r["ep"]): r for r in json.loads(Path(args.before).read_text())}
@@ -271,7 +270,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.out:
-        cmd = "python benchmarks/checkpoint_reads.py " + " ".join(sys.argv[1:])
+        cmd = "python -m benchmarks.checkpoint_reads " + " ".join(sys.argv[1:])
         Path(args.out).write_text(f"# Checkpoint bytes read per rank vs held\n\n`{cmd}`\n\n{NOTE}\n\n{text}\n")
 
 

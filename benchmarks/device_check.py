@@ -1,7 +1,13 @@
 """One script for an accelerator machine: what vpp does on a GPU or NPU, checked and timed in one go.
 
-    python benchmarks/device_check.py [--device auto|cuda|npu] [--preset h100|h200|910c] [--out FILE]
-    python benchmarks/device_check.py --dry-run      # CPU, tiny sizes: the same code paths, no claims
+    PYTHONPATH=. python3 benchmarks/device_check.py [--device auto|cuda|npu] [--preset h100|h200|910c] [--out DIR]
+    PYTHONPATH=. python3 benchmarks/device_check.py --dry-run      # CPU, tiny sizes: the same code paths, no claims
+
+Needs only torch, numpy, safetensors and transformers (the tests' reference models), nothing
+installed from this checkout: ``PYTHONPATH=.`` finds vpp and ``tests.models.hf_tiny``. Each part runs
+in its own subprocess with its own time limit (:data:`LIMITS`, 7.5 minutes in all), so an error, a
+crash or a hang in one part is reported and the others still run. Writes ``device_check.md`` and
+``device_check.json`` into ``--out`` (a directory; a path ending in .md names the markdown file).
 
 (a) One device: a bf16 chunked prefill of each tiny family (qwen3_moe, deepseek_v3, deepseek_v32,
     glm_moe_dsa; random weights, transformers' own models saved and loaded by vpp) against transformers
@@ -13,11 +19,21 @@
     weights, bf16, one device) over 4K chunks up to 128K tokens, timed with device events; the linear
     per-layer law tau_k = a + b k fitted to it, beside the same law from the cost model's preset for
     this device (vpp.perf.hardware: H100, H200, 910C).
-(c) With two or more devices: ``torchrun --nproc-per-node 2 -m vpp prefill ... --check`` on NCCL/HCCL
-    (CPP, VPP, VPP-Async against an unpipelined forward).
+(c) The executor's device path on this device: two pipeline ranks as two threads of one process, each
+    on its own stream, transfers as device copies on a stream per direction (``benchmarks/_loopback.py``:
+    NCCL refuses two ranks on one GPU); CPP and VPP-Async on tiny-deepseek in bf16. Measured on the
+    device: host waits on a transfer and on a compute per chunk, the receive overlap from device events,
+    the logits against an unpipelined forward of the same weights. With two or more devices also
+    ``torchrun --nproc-per-node 2 -m vpp prefill ... --check`` on NCCL/HCCL (CPP, VPP, VPP-Async against
+    an unpipelined forward), as before.
+Every part reports the allocator's peak allocated and reserved memory.
 
-Prints markdown, and writes it to ``--out`` (default ``benchmarks/results/device_check.md`` on an
-accelerator; nothing by default in a dry run). Exits 1 when a check fails.
+What a one-device run does NOT exercise: NCCL/HCCL themselves (their kernels, lazy communicator set-up
+and the warm-up of it, batch_isend_irecv, the process group's timeout), the WorkWatch thread against a
+real failing peer, two devices contending for a link. Those need part (c)'s torchrun run (2+ devices).
+
+Prints markdown, and writes it with the JSON (default folder ``benchmarks/results`` on an accelerator;
+nothing by default in a dry run). Exits 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -31,11 +47,13 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # this checkout's vpp (and tests.models.hf_tiny), not an installed one
+import traceback
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIMITS = {"a": 110, "b": 190, "c": 150}  # seconds per part (7.5 minutes in all)
 
 FAMILIES = ("qwen3_moe", "deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 FULL = dict(chunk=4096, tokens=131072)
@@ -61,11 +79,11 @@ def preset_for(acc, device) -> str:
     return "h200" if "h200" in name else "h100"
 
 
-def kernels(device_type: str) -> str:
-    from vpp.parallel.attention.kernel import kernel_for, lse_kernel_for
-    from vpp.parallel.moe import grouped_gemm_for
+def kernels(device_type: str, dtype=torch.bfloat16) -> str:
+    from vpp.transformer.attention.kernel import kernel_for, lse_kernel_for
+    from vpp.transformer.moe import expert_gemm_for
     return (f"attention `{kernel_for(device_type).__name__}`, attention pieces "
-            f"`{lse_kernel_for(device_type).__name__}`, experts `{grouped_gemm_for(device_type)}`")
+            f"`{lse_kernel_for(device_type).__name__}`, experts `{expert_gemm_for(torch.device(device_type), dtype)}`")
 
 
 # --- (a) ---------------------------------------------------------------------------------------------
@@ -79,7 +97,7 @@ def check_families(acc, device, chunk: int = 16) -> list[dict]:
     from tests.models.hf_tiny import PROMPTS, VOCAB, model as hf_model
     from vpp.models import load_stage
     from vpp.parallel import ParallelGroups
-    from vpp.parallel.attention.workspace import set_workspace_bytes
+    from vpp.transformer.attention.workspace import set_workspace_bytes
     rows, groups = [], ParallelGroups.single(acc, device)
     ids = torch.randint(0, VOCAB, (PROMPTS["a"],), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,6 +185,94 @@ def layer_law(acc, device, preset: str, dry: bool) -> dict:
 
 # --- (c) ---------------------------------------------------------------------------------------------
 
+def one_device_pipeline(acc, device, dry: bool) -> list[dict]:
+    """CPP and VPP-Async through the executor's device path on one device (see ``_loopback``)."""
+    import threading
+
+    from benchmarks._loopback import Hub, HostStreams, LoopbackOps, TimedStage, overlap, pipeline_groups
+    from vpp.models import build_stage, model_config, random_checkpoint
+    from vpp.models.tiny import TINY_CONFIGS
+    from vpp.parallel import ParallelGroups
+    from vpp.plan import strategies
+    from vpp.plan.ir import chunk_requests
+    from vpp.plan.layout import make_layout
+    from vpp.runtime.device_order import RUN_AHEAD_COMPUTES
+    from vpp.runtime.executor import Executor
+    from vpp.runtime.handshake import RankInfo, describe_stage
+
+    dtype = torch.float32 if dry else torch.bfloat16
+    config = model_config(TINY_CONFIGS["tiny-deepseek"])
+    weights = random_checkpoint(config, seed=0)
+    tokens, chunk = (256, 64) if dry else (16384, 1024)
+    ids = torch.randint(0, config["vocab_size"], (tokens,), generator=torch.Generator().manual_seed(0))
+    module = HostStreams() if acc.kind == "cpu" else acc.module()
+    layers = config["num_hidden_layers"]
+    with torch.inference_mode():  # the reference: every layer in one stage, chunk by chunk
+        whole = build_stage(config, (0, layers), ParallelGroups.single(acc, device), dtype=dtype, device=device,
+                            weights=weights)
+        for s in range(0, tokens, chunk):
+            last = s + chunk >= tokens
+            out = whole(ids[s:s + chunk].to(device), "ref", s, last_token_only=True) if last else \
+                whole(ids[s:s + chunk].to(device), "ref", s)
+        ref = out[-1].float().cpu()
+        del whole
+    rows = []
+    for schedule in ("cpp", "vpp-async"):
+        strategy = strategies.get(schedule)
+        layout = make_layout(strategy.layout, layers, 2)
+        plan = strategy.plan(layout, chunk_requests([tokens], chunk))
+        groups = [pipeline_groups(2, r, acc, device) for r in range(2)]
+        built = [{s: build_stage(config, layout.stage_layers[s], groups[r], dtype=dtype, device=device, weights=weights)
+                  for s in layout.stages_of(r)} for r in range(2)]
+        for attempt in ("warm-up", "measured"):
+            hub = Hub(module, device)
+            stages = [{s: TimedStage(m, hub, r, s) for s, m in built[r].items()} for r in range(2)]
+            infos = [RankInfo(r, r, 0, tuple(describe_stage(m) for m in built[r].values()), None, None, None, "loop")
+                     for r in range(2)]
+            ops = [LoopbackOps(hub, r, groups[r]) for r in range(2)]
+            results, errors = [None, None], []
+            module.synchronize()
+            origin = module.Event(enable_timing=True)
+            origin.record()
+
+            def rank_main(r):
+                try:
+                    with module.stream(module.Stream(device)):
+                        ex = Executor(plan, stages[r], groups[r], infos, run_key=f"loopback-{schedule}", timeout_s=120,
+                                      timed=False, device_ops=ops[r])
+                        results[r] = ex.run({0: ids} if 0 in stages[r] else None)
+                except BaseException as exc:
+                    errors.append(f"rank {r}: {type(exc).__name__}: {exc}")
+
+            if acc.kind != "cpu":
+                acc.module().reset_peak_memory_stats(device)
+            start = time.perf_counter()
+            threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(130)
+            module.synchronize()
+            wall = time.perf_counter() - start
+            for st in built:
+                for m in st.values():
+                    m.release(0)
+            if errors or any(t.is_alive() for t in threads):
+                raise RuntimeError(f"{schedule}: " + ("; ".join(errors) or "a rank did not finish in 130 s"))
+        logits = next(res.logits[0] for res in results if res.logits)
+        steady, every = overlap(hub, origin, layout.last_stage)
+        chunks = plan.requests[0].num_chunks
+        rows.append({"schedule": schedule, "layout": layout.describe(), "tokens": tokens, "chunk": chunk,
+                     "dtype": str(dtype), "run_ahead_computes": RUN_AHEAD_COMPUTES,
+                     "host_blocking_waits_per_chunk": sum(hub.host_transfer_waits) / chunks,
+                     "host_compute_waits_per_chunk": sum(o.host_compute_waits for o in ops) / chunks,
+                     "recv_overlap": steady, "recv_overlap_all": every, "wall_s": wall,
+                     "max_abs_diff": float((logits.float().cpu() - ref).abs().max()),
+                     "ref_scale": float(ref.abs().max()), **peak(acc, device)})
+        del built
+    return rows
+
+
 def two_ranks(acc, dry: bool, timeout: float) -> dict:
     if not dry and acc.device_count < 2:
         return {"skipped": f"{acc.device_count} {acc.kind} device(s): a 2-rank run needs two"}
@@ -181,50 +287,141 @@ def two_ranks(acc, dry: bool, timeout: float) -> dict:
         return {"command": shown, "ok": False, "error": proc.stderr[-2000:]}
     out = json.loads(proc.stdout[proc.stdout.index("{"):])
     rows = [{"schedule": r["schedule"], "ttft_s": r["ttft"]["median"], "max_abs_diff": r["max_abs_diff"],
-             "peak_mib": [round(m.get("peak_bytes", 0) / 2**20) for m in r["memory"]]} for r in out["rows"]]
+             "peak_mib": [f"{m.get('peak_bytes', 0) / 2**20:.0f}/{m.get('peak_reserved_bytes', 0) / 2**20:.0f}"
+                          for m in r["memory"]]} for r in out["rows"]]
     return {"command": shown, "ok": True, "backend": {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}[acc.kind],
             "rows": rows, "memory_method": out.get("memory_method")}
 
 
+def peak(acc, device) -> dict:
+    """The allocator's peak allocated and reserved MiB since the last reset (CUDA/NPU; RSS on CPU)."""
+    return {"peak_allocated_mib": acc.peak_memory(device) / 2**20,
+            "peak_reserved_mib": acc.peak_memory_reserved(device) / 2**20}
+
+
 # --- report ------------------------------------------------------------------------------------------
 
-def report(args, acc, device, fam, law, pair) -> str:
+def _error_block(what: str, part: dict) -> list[str]:
+    return [f"{what} FAILED:", "", "```", part["error"][-3000:], "```"]
+
+
+def report(args, acc, device, parts: dict) -> str:
     name = "CPU (dry run: tiny sizes, no accelerator claims)" if acc.kind == "cpu" else \
         acc.module().get_device_name(device)
+    fam, law, c = parts["a"], parts["b"], parts["c"]
     lines = [f"# Device check: {name}", "",
-             f"`python benchmarks/device_check.py {' '.join(sys.argv[1:])}` -- torch {torch.__version__}, "
-             f"{platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}", "",
-             f"## (a) tiny families in bf16 against transformers on {device}", "",
-             f"Kernels: {kernels(device.type)}.", "",
-             "Error of a position: max |logit - fp32 reference| / max |reference logit| (transformers in fp32 on "
-             "the CPU); median [max] over the 37 positions, next-token agreement with the reference. Passes when "
-             "vpp's median is at most twice transformers' own bf16 median + 0.01 and its agreement is within 0.1.", "",
-             "| family | workspace | vpp bf16 error | transformers bf16 error | vpp agreement | transformers agreement | ok |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['family']} | {r['workspace']} | {r['vpp_err']:.1e} [{r['vpp_max']:.1e}] | "
-              f"{r['hf_bf16_err']:.1e} [{r['hf_max']:.1e}] | {r['argmax_agree']:.2f} | {r['hf_agree']:.2f} | "
-              f"{'yes' if r['ok'] else 'NO'} |" for r in fam]
-    (a_m, b_m, r2_m), (a_p, b_p, r2_p) = law["fit_measured"], law["fit_predicted"]
-    lines += ["", f"## (b) tau_k of one {law['model']} (layer {law['layer']}), {law['chunk']}-token chunks "
-              f"to {law['tokens']} tokens, bf16", "",
-              "| | tau_0 = a (ms) | b (ms per chunk) | R^2 | first chunk ms | last chunk ms |", "|---|---|---|---|---|---|",
-              f"| measured | {a_m * 1e3:.2f} | {b_m * 1e3:.3f} | {r2_m:.3f} | {law['measured_s'][0] * 1e3:.2f} | "
-              f"{law['measured_s'][-1] * 1e3:.2f} |",
-              f"| cost model ({law['preset']}) | {a_p * 1e3:.2f} | {b_p * 1e3:.3f} | {r2_p:.3f} | "
-              f"{law['predicted_s'][0] * 1e3:.2f} | {law['predicted_s'][-1] * 1e3:.2f} |", "",
-              "Per chunk (ms), measured / predicted: " + ", ".join(
-                  f"{m * 1e3:.1f}/{p * 1e3:.1f}" for m, p in zip(law["measured_s"], law["predicted_s"])), "",
-              "## (c) two ranks, torchrun", ""]
+             f"`PYTHONPATH=. python3 benchmarks/device_check.py {' '.join(sys.argv[1:])}` -- torch {torch.__version__}, "
+             f"{platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}; each part in its own process "
+             f"(limits {LIMITS} s)", "",
+             f"## (a) tiny families in bf16 against transformers on {device}", ""]
+    if "error" in fam:
+        lines += _error_block("part (a)", fam)
+    else:
+        lines += [f"Kernels: {fam['kernels']}.", "",
+                  "Error of a position: max |logit - fp32 reference| / max |reference logit| (transformers in fp32 "
+                  "on the CPU); median [max] over the 37 positions, next-token agreement with the reference. Passes "
+                  "when vpp's median is at most twice transformers' own bf16 median + 0.01 and its agreement is "
+                  "within 0.1. " + _mem(fam), "",
+                  "| family | workspace | vpp bf16 error | transformers bf16 error | vpp agreement | "
+                  "transformers agreement | ok |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['family']} | {r['workspace']} | {r['vpp_err']:.1e} [{r['vpp_max']:.1e}] | "
+                  f"{r['hf_bf16_err']:.1e} [{r['hf_max']:.1e}] | {r['argmax_agree']:.2f} | {r['hf_agree']:.2f} | "
+                  f"{'yes' if r['ok'] else 'NO'} |" for r in fam["rows"]]
+    lines += ["", "## (b) tau_k of one layer, bf16", ""]
+    if "error" in law:
+        lines += _error_block("part (b)", law)
+    else:
+        (a_m, b_m, r2_m), (a_p, b_p, r2_p) = law["fit_measured"], law["fit_predicted"]
+        lines += [f"{law['model']} (layer {law['layer']}), {law['chunk']}-token chunks to {law['tokens']} tokens. "
+                  + _mem(law), "",
+                  "| | tau_0 = a (ms) | b (ms per chunk) | R^2 | first chunk ms | last chunk ms |",
+                  "|---|---|---|---|---|---|",
+                  f"| measured | {a_m * 1e3:.2f} | {b_m * 1e3:.3f} | {r2_m:.3f} | {law['measured_s'][0] * 1e3:.2f} | "
+                  f"{law['measured_s'][-1] * 1e3:.2f} |",
+                  f"| cost model ({law['preset']}) | {a_p * 1e3:.2f} | {b_p * 1e3:.3f} | {r2_p:.3f} | "
+                  f"{law['predicted_s'][0] * 1e3:.2f} | {law['predicted_s'][-1] * 1e3:.2f} |", "",
+                  "Per chunk (ms), measured / predicted: " + ", ".join(
+                      f"{m * 1e3:.1f}/{p * 1e3:.1f}" for m, p in zip(law["measured_s"], law["predicted_s"]))]
+    lines += ["", "## (c) the executor's device path", "", "### one device: two ranks as threads, loopback transfers", ""]
+    if "error" in c:
+        lines += _error_block("part (c)", c)
+        return "\n".join(lines) + "\n"
+    loop = c["loopback"]
+    if isinstance(loop, dict):
+        lines += _error_block("the loopback run", loop)
+    else:
+        lines += ["Host waits per chunk (on a transfer: a Work.wait() before the peer posted; on a compute: the "
+                  f"run-ahead bound of {loop[0]['run_ahead_computes'] if loop else '-'} computes), receive overlap "
+                  "from device events (steady state / all receives), logits against an unpipelined forward.", "",
+                  "| loopback | layout | host waits on transfers / chunk | host waits on computes / chunk | "
+                  "recv overlap steady | recv overlap all | max abs diff (of max logit) | wall s | peak alloc / "
+                  "reserved MiB |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| loopback {r['schedule']} | {r['layout']} | {r['host_blocking_waits_per_chunk']:.2f} | "
+                  f"{r['host_compute_waits_per_chunk']:.2f} | {r['recv_overlap']:.3f} | {r['recv_overlap_all']:.3f} | "
+                  f"{r['max_abs_diff']:.2e} ({r['ref_scale']:.1f}) | {r['wall_s']:.3f} | "
+                  f"{r['peak_allocated_mib']:.0f} / {r['peak_reserved_mib']:.0f} |" for r in loop]
+    lines += ["", "### two ranks, torchrun", ""]
+    pair = c["two_ranks"]
     if "skipped" in pair:
         lines.append(f"Skipped: {pair['skipped']}.")
     elif not pair["ok"]:
         lines += [f"`{pair['command']}` FAILED:", "", "```", pair["error"], "```"]
     else:
         lines += [f"`{pair['command']}` ({pair['backend']}; peak memory: {pair['memory_method']})", "",
-                  "| schedule | TTFT s | max abs diff vs unpipelined | peak MiB per rank |", "|---|---|---|---|"]
+                  "| schedule | TTFT s | max abs diff vs unpipelined | peak MiB per rank (allocated/reserved) |",
+                  "|---|---|---|---|"]
         lines += [f"| {r['schedule']} | {r['ttft_s']:.3f} | {r['max_abs_diff']:.2e} | {r['peak_mib']} |"
                   for r in pair["rows"]]
     return "\n".join(lines) + "\n"
+
+
+def _mem(part: dict) -> str:
+    return f"Peak memory: {part['peak_allocated_mib']:.0f} MiB allocated, {part['peak_reserved_mib']:.0f} MiB reserved."
+
+
+def run_part(name: str, args, acc, device, preset: str) -> dict:
+    """One part, in this process (called in the part's own subprocess). ``VPP_DEVICE_CHECK_FAIL=<part>``
+    makes that part raise (the test of the isolation)."""
+    if os.environ.get("VPP_DEVICE_CHECK_FAIL") == name:
+        raise RuntimeError(f"part ({name}) failed on purpose (VPP_DEVICE_CHECK_FAIL)")
+    if acc.kind != "cpu":
+        acc.reset_peak_memory(device)
+    if name == "a":
+        return {"rows": check_families(acc, device), "kernels": kernels(device.type), **peak(acc, device)}
+    if name == "b":
+        return {**layer_law(acc, device, preset, args.dry_run), **peak(acc, device)}
+    try:
+        loop = one_device_pipeline(acc, device, args.dry_run)
+    except Exception:
+        loop = {"error": traceback.format_exc()}
+    return {"loopback": loop, "two_ranks": two_ranks(acc, args.dry_run, args.timeout)}
+
+
+def spawn_part(name: str, argv: list[str], folder: str) -> dict:
+    """Run part ``name`` in a subprocess within LIMITS[name] seconds; its result, or {"error": ...}."""
+    path = os.path.join(folder, f"part-{name}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), *argv, "--part", name, "--part-out", path]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=LIMITS[name])
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stderr or b"")[-2000:]
+        return {"error": f"part ({name}) ran past its {LIMITS[name]} s limit\n"
+                         f"{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}"}
+    if proc.returncode != 0 or not os.path.exists(path):
+        return {"error": f"part ({name}) exited {proc.returncode}\n{proc.stderr[-3000:]}"}
+    with open(path) as f:
+        return json.load(f)
+
+
+def _failed(parts: dict) -> bool:
+    fam, c = parts["a"], parts["c"]
+    if any("error" in p for p in parts.values()) or not all(r["ok"] for r in fam["rows"]):
+        return True
+    loop, pair = c["loopback"], c["two_ranks"]
+    if isinstance(loop, dict) or any(r["max_abs_diff"] > 0.05 * max(r["ref_scale"], 1.0) for r in loop):
+        return True
+    return pair.get("ok") is False or any((r["max_abs_diff"] or 0) > 1e-2 for r in pair.get("rows", []))
 
 
 def main(argv=None) -> int:
@@ -232,8 +429,11 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "npu"))
     p.add_argument("--preset", choices=("h100", "h200", "910c", "cpu"), help="cost-model preset (default: from the device)")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: rehearse every step")
-    p.add_argument("--out", help="markdown file to write")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds for the 2-rank run")
+    p.add_argument("--out", help="folder for device_check.md and .json (or the .md file's path)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds for the 2-rank torchrun run")
+    p.add_argument("--parts", default="a,b,c", help="comma-separated parts to run (default all)")
+    p.add_argument("--part", choices=tuple(LIMITS), help=argparse.SUPPRESS)
+    p.add_argument("--part-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(1 if args.dry_run else torch.get_num_threads())
     acc = pick_device(args.device, args.dry_run)
@@ -241,18 +441,30 @@ def main(argv=None) -> int:
     if acc.kind != "cpu":
         acc.module().set_device(device)
     preset = args.preset or preset_for(acc, device)
-    fam = check_families(acc, device)
-    law = layer_law(acc, device, preset, args.dry_run)
-    pair = two_ranks(acc, args.dry_run, args.timeout)
-    text = report(args, acc, device, fam, law, pair)
+    if args.part:
+        result = run_part(args.part, args, acc, device, preset)
+        with open(args.part_out, "w") as f:
+            json.dump(result, f)
+        return 0
+    passed = ["--device", args.device, "--timeout", str(args.timeout), *(["--preset", args.preset] if args.preset else []),
+              *(["--dry-run"] if args.dry_run else [])]
+    with tempfile.TemporaryDirectory() as tmp:
+        wanted = [x.strip() for x in args.parts.split(",") if x.strip()]
+        if not wanted or set(wanted) - set(LIMITS):
+            p.error(f"--parts={args.parts!r}: choose from {', '.join(LIMITS)}")
+        parts = {name: spawn_part(name, passed, tmp) if name in wanted else {"error": "not run (--parts)"}
+                 for name in LIMITS}
+    text = report(args, acc, device, parts)
     print(text)
-    out = args.out or (None if args.dry_run else os.path.join(ROOT, "benchmarks", "results", "device_check.md"))
+    out = args.out or (None if args.dry_run else os.path.join(ROOT, "benchmarks", "results"))
     if out:
-        with open(out, "w") as f:
+        md = out if out.endswith(".md") else os.path.join(out, "device_check.md")
+        os.makedirs(os.path.dirname(os.path.abspath(md)), exist_ok=True)
+        with open(md, "w") as f:
             f.write(text)
-    failed = [r for r in fam if not r["ok"]] or (pair.get("ok") is False) or any(
-        (r["max_abs_diff"] or 0) > 1e-2 for r in pair.get("rows", []))
-    return 1 if failed else 0
+        with open(md[:-3] + ".json", "w") as f:
+            json.dump({"device": str(device), "torch": torch.__version__, "parts": parts}, f, indent=1)
+    return 1 if _failed(parts) else 0
 
 
 if __name__ == "__main__":

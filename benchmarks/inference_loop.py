@@ -6,7 +6,9 @@
 2. Decode: time per output token of ``Pipeline.generate`` (greedy, one request) for each tiny model
    at PP 1 and PP 2 (a V), and the TTFT of its prefill.
 
-    python benchmarks/inference_loop.py [--rounds 7] [--out benchmarks/results/inference_loop.md]
+    python -m benchmarks.inference_loop [--rounds 7] [--out benchmarks/results/inference_loop.md] [--quick]
+
+``--quick``: one model, a 128-token prompt in chunks of 32, 4 new tokens (a smoke run, not a measurement).
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's vpp
 
-from vpp.models.registry import open_model  # noqa: E402
-from vpp.parallel import initialize_model_parallel, run_distributed  # noqa: E402
-from vpp.runtime import Pipeline, forward_prefill  # noqa: E402
+from vpp.models.registry import open_model
+from vpp.parallel import initialize_model_parallel, run_distributed
+from vpp.runtime import Pipeline, forward_prefill
 
 
 def _stats(values) -> str:
@@ -79,11 +80,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--out", default=os.path.join("benchmarks", "results", "inference_loop.md"))
+    p.add_argument("--quick", action="store_true", help="one model, a short prompt, few tokens (a smoke run)")
     args = p.parse_args()
     torch.set_num_threads(1)
+    models = ("tiny-deepseek",) if args.quick else ("tiny-qwen", "tiny-deepseek", "tiny-glm")
+    prompt, chunk, new = (128, 32, 4) if args.quick else (512, 128, 32)
     lines = ["# The inference loop's own costs (measured)", "",
-             f"`python benchmarks/inference_loop.py --rounds {args.rounds}`; spawned CPU ranks, one thread each, "
-             f"pinned; median [min-max].", ""]
+             f"`python -m benchmarks.inference_loop --rounds {args.rounds}{' --quick' if args.quick else ''}`; "
+             "spawned CPU ranks, one thread each, pinned; median [min-max].", ""]
     times = run_distributed(overhead, 2, "tiny-deepseek", 256, 64, args.rounds, timeout=1800)[0]
     one, rep = times["one-shot forward_prefill"], times["Pipeline.prefill"]
     saved = [a - b for a, b in zip(one, rep)]
@@ -92,11 +96,11 @@ def main() -> int:
               f"| one-shot `forward_prefill` (exchange + plan + verify each call) | {_stats(one)} |",
               f"| `Pipeline.prefill` (pipeline built once, cached plan) | {_stats(rep)} |",
               f"| saved per call (paired rounds) | {_stats(saved)} |", ""]
-    lines += ["## Decode: greedy, one request, 512-token prompt in chunks of 128, 32 new tokens", "",
+    lines += [f"## Decode: greedy, one request, {prompt}-token prompt in chunks of {chunk}, {new} new tokens", "",
               "| model | PP | TTFT s | ms per output token |", "|---|---|---|---|"]
-    for name in ("tiny-qwen", "tiny-deepseek", "tiny-glm"):
+    for name in models:
         for pp in (1, 2):
-            ttft, tpot = run_distributed(decode, pp, name, 512, 128, 32, timeout=1800)[0]
+            ttft, tpot = run_distributed(decode, pp, name, prompt, chunk, new, timeout=1800)[0]
             lines.append(f"| {name} | {pp} | {ttft:.3f} | {1e3 * tpot:.1f} |")
     text = "\n".join(lines) + "\n"
     print(text)

@@ -1,6 +1,6 @@
 """Peak memory per rank against prompt length: weights, KV cache and the rest.
 
-    python benchmarks/memory.py [--model tiny-deepseek] [--lengths 4096,8192,16384,32768,65536]
+    python -m benchmarks.memory [--model tiny-deepseek] [--lengths 4096,8192,16384,32768,65536]
                                 [--chunk 1024] [--schedules cpp,vpp-async] [--pp 2] [--workspace BYTES]
 
 Each (schedule, length) runs in a fresh world of ``pp`` spawned ranks (a fresh process, so no earlier
@@ -39,9 +39,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # this checkout's vpp, not an installed one
 
-import torch  # noqa: E402
+import torch
 
 MIB = 2 ** 20
 
@@ -57,9 +56,9 @@ def _trim() -> None:
 def _rank(rank: int, world: int, model: str, schedule: str, length: int, chunk: int, workspace: int | None) -> dict:
     from vpp.models import build_stage, random_checkpoint
     from vpp.parallel import initialize_model_parallel
-    from vpp.parallel.attention.workspace import set_workspace_bytes
+    from vpp.transformer.attention.workspace import set_workspace_bytes
     from vpp.runtime.api import forward_prefill
-    from vpp.bench.prefill import cache_bytes, weight_bytes
+    from vpp.bench.prefill_rounds import cache_bytes, weight_bytes
     groups = initialize_model_parallel(1, world)
     acc, device = groups.accelerator, groups.device
     cfg, layout = _config_layout(model, schedule, world, length)
@@ -132,7 +131,7 @@ def _rss() -> int:
 def markdown(rows: list[dict], args, load: tuple) -> str:
     method = rows[0]["method"] if rows else "-"
     lines = ["# Peak memory per rank against prompt length", "",
-             f"`python benchmarks/memory.py {' '.join(sys.argv[1:])}` -- {args.model}, pp={args.pp}, "
+             f"`python -m benchmarks.memory {' '.join(sys.argv[1:])}` -- {args.model}, pp={args.pp}, "
              f"{args.chunk}-token chunks, fp32, one run per cell (a fresh pair of processes each), "
              f"workspace budget {'the default' if args.workspace is None else f'{args.workspace} B'}; "
              f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}.", "",

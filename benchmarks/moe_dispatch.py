@@ -11,7 +11,7 @@ dispatch overhead shows). Each forward is timed from a barrier to a barrier (the
 Prints a table (median and min-max ms, and the per-round ratio to ``allreduce ep=2``) and writes it
 to ``benchmarks/results/moe_dispatch.md`` with the command line.
 
-    python benchmarks/moe_dispatch.py [--tokens 64 256 1024 4096] [--rounds 7]
+    python -m benchmarks.moe_dispatch [--tokens 64 256 1024 4096] [--rounds 7]
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's vpp
 
 from vpp.parallel import initialize_model_parallel, narrowing, run_distributed
-from vpp.parallel.moe import MoE, MoEConfig
+from vpp.transformer.moe import MoE, MoEConfig
 
 SHAPES = {
     # hidden, moe_intermediate, experts, top_k, shared_intermediate
@@ -115,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
                            f"{cfg.top_k=}, {cfg.shared_intermediate_size=}" for name, cfg in SHAPES.items())
         with open(args.out, "w") as f:
             f.write(f"# MoE dispatch, 2 gloo ranks x 1 thread, fp32, {args.rounds} rounds after a warm-up\n\n"
-                    f"`python {' '.join(['benchmarks/moe_dispatch.py', *sys.argv[1:]])}`\n\n{shapes.replace('cfg.', '')}\n\n"
+                    f"`python {' '.join(['-m', 'benchmarks.moe_dispatch', *sys.argv[1:]])}`\n\n{shapes.replace('cfg.', '')}\n\n"
                     f"{table}\n\n{load}\n")
 
 

@@ -1,6 +1,6 @@
 """Partitions balanced per rank against the even split, measured on this machine.
 
-    python benchmarks/partition_balance.py [--model tiny-deepseek] [--seq-len 16384] [--chunk 1024] [--rounds 5]
+    python -m benchmarks.partition_balance [--model tiny-deepseek] [--seq-len 16384] [--chunk 1024] [--rounds 5]
 
 Two spawned CPU ranks (one thread each). Every round runs, interleaved, CPP and VPP-Async with the even
 split ("before": :func:`vpp.models.snap_partition`) and with the partition balanced per rank on the cost
@@ -19,13 +19,12 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _worker(rank: int, world: int, args) -> dict | None:
-    from vpp.bench.prefill import BenchConfig, run_bench
+    from vpp.bench.prefill_rounds import BenchConfig, run_bench
     from vpp.parallel import initialize_model_parallel
     groups = initialize_model_parallel(1, 2)
     out: dict = {"ttft": {}, "layouts": {}}
@@ -48,10 +47,11 @@ def _rank_note(args) -> str:
     model = open_model(args.model)
     costs, embed, head = layer_costs(model.config, chunk=args.chunk, seq_len=args.seq_len)
     out = []
-    for kind in ("loop", "v"):
+    for kind, schedule in (("loop", "cpp"), ("v", "vpp-async")):
         held = {}
         for how in ("even", "rank"):
-            part = choose_partition(model, kind, 2, chunk=args.chunk, seq_len=args.seq_len, how=how)
+            part = choose_partition(model, kind, 2, chunk=args.chunk, seq_len=args.seq_len, how=how,
+                                    schedule=schedule)
             lay = make_layout(kind, model.num_layers, 2, partition=part)
             held[how] = [sorted(i for st in lay.stages_of(r) for i in lay.layers_of(st)) for r in range(2)]
             top = max(rank_loads(part, costs, lay.stage_ranks, embed_cost=embed, head_cost=head))
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     elapsed, load1 = time.time() - t0, os.getloadavg()[0]
     stat = lambda xs: (statistics.median(xs), min(xs), max(xs))
     ratios = {p: [v / c for v, c in zip(res["ttft"][f"{p}/vpp-async"], res["ttft"][f"{p}/cpp"])] for p in ("even", "rank")}
-    cmd = "python benchmarks/partition_balance.py " + " ".join(
+    cmd = "python -m benchmarks.partition_balance " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out")
     lines = ["# Partitions balanced per rank vs even, measured", "",
              f"`{cmd}` ({elapsed:.0f} s, {time.strftime('%Y-%m-%d %H:%M')}, load {load0:.2f} -> {load1:.2f}); "

@@ -1,8 +1,8 @@
 """Simulated request streams: CPP / DCPP / VPP / VPP-Async / VPP-Async + packing side by side.
 
 Every strategy runs the same model (8 layers on 2 ranks unless told otherwise) under one cost model with
-linear tau_k and a transfer time: this machine's per-layer law from /work/shared/BENCH.md (tau_k ~ 89 +
-34 k ms per layer for 1K-token chunks; :func:`vpp.schedules.stream_compare.machine_cost`). Workloads are
+linear tau_k and a transfer time: the development machine's measured per-layer law (tau_k ~ 89 +
+34 k ms per layer for 1K-token chunks; :func:`vpp.bench.stream_sim.machine_cost`). Workloads are
 the paper's (Sec. 6.1) scaled by one factor (``--scale``, default 32, so the paper's 32K chunk is 1K):
 
 1. the Sec. 6.4 ablation stream: 256K-token requests, three in flight (the main table), also on deeper
@@ -16,10 +16,10 @@ VPP-Async's cost-unaware pipelined order.
 
 "Drain idle" is the bubble (idle that is not waiting for work), summed over ranks, inside the drain
 windows: for every request with a successor, from the end of stage 0 on its last chunk to its first
-token (:func:`vpp.schedules.stream.drain_idle`). "Removed" fractions are relative to VPP-Async.
+token (:func:`vpp.plan.stream.drain_idle`). "Removed" fractions are relative to VPP-Async.
 Writes the tables and the command line to ``benchmarks/results/stream_sim.md``.
 
-    python benchmarks/stream_sim.py [--scale 32] [--requests 4] [--out benchmarks/results/stream_sim.md]
+    python -m benchmarks.stream_sim [--scale 32] [--requests 4] [--out benchmarks/results/stream_sim.md]
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's vpp
 
-from vpp.plan import strategies, workloads as W  # noqa: E402
+from vpp.plan import strategies, workloads as W
 from vpp.bench.stream_sim import (EXTRA, STRATEGIES, StreamSetup, compare, format_effect, format_table,
                                           packing_effect)
 
@@ -76,7 +75,7 @@ def main() -> int:
     chunk = int(round(32768 / args.scale))
     setup = StreamSetup(chunk_size=chunk)
     parts = [f"# Simulated request streams: {', '.join(strategies.get(s).label for s in STRATEGIES)}", "",
-             "`" + " ".join(["python benchmarks/stream_sim.py"] + sys.argv[1:]) + "`", "",
+             "`" + " ".join(["python -m benchmarks.stream_sim"] + sys.argv[1:]) + "`", "",
              "Cost model: this machine's per-layer law (BENCH.md): a 1K-token chunk takes 89 ms per layer after "
              "no prefix and 34 ms more per 1K of prefix (attention 34 ms per 1K x 1K token pairs, half of it "
              "within the chunk), 2 ms per chunk per layer of launch overhead (assumed), fp32 activations of "
@@ -99,7 +98,7 @@ def main() -> int:
               f"({e['drain_idle_async']:.2f} s -> {e['drain_idle_packed']:.2f} s summed over ranks) and "
               f"{100 * e['bubble_removed']:.1f}% of all its bubble; makespan {100 * e['makespan_saved']:.1f}% "
               f"shorter than VPP-Async, "
-              f"{100 * (1 - rows['vpp-async-packed'].stats.makespan / rows['vpp'].stats.makespan):.1f}% shorter "
+              f"{100 * (1 - rows['vpp-packed'].stats.makespan / rows['vpp'].stats.makespan):.1f}% shorter "
               f"than VPP.", ""]
     parts.append(deeper(args.scale, args.requests, chunk))
     parts.append(section("Long, growing lengths, one at a time (concurrency 1)", setup, W.long(args.scale),

@@ -1,6 +1,6 @@
 """Prefill latency of the built-in tiny models, per 1K-token chunk and in total.
 
-    PYTHONPATH=. python benchmarks/tiny_chunk_latency.py [--tokens 16384] [--chunk 1024] [--runs 3]
+    python -m benchmarks.tiny_chunk_latency [--tokens 16384] [--chunk 1024] [--runs 3]
 
 Per chunk: one stage holding every layer, one process, one thread; the median over runs of each
 chunk's latency (first, middle and last chunk with the min-max spread, the last/first ratio, the

@@ -15,7 +15,7 @@ import torch
 
 from vpp.models.registry import open_model
 from vpp.parallel import initialize_model_parallel, launch
-from vpp.schedules import Pipeline, Sampler
+from vpp.runtime import Pipeline, Sampler
 
 
 def generate(rank: int, world: int, args) -> None:

@@ -31,11 +31,18 @@ def sweep(rank: int, world: int, args) -> list[tuple] | None:
     rows = []
     for schedule, kind, folds in VARIANTS:
         stages_total = world if kind == "loop" else 2 * folds * world
-        if stages_total > model.num_layers or (world == 1 and kind != "loop" and folds > 1):
-            continue
-        try:
-            partition = snap_partition(model.num_layers, stages_total, model.stage_starts)
-        except ValueError:
+        why = None
+        if world == 1 and kind != "loop" and folds > 1:
+            why = "one rank holds every stage: more folds change nothing"
+        elif stages_total > model.num_layers:
+            why = f"{stages_total} stages but only {model.num_layers} layers"
+        else:
+            try:
+                partition = snap_partition(model.num_layers, stages_total, model.stage_starts)
+            except ValueError as exc:
+                why = str(exc)
+        if why:  # said in the table, never dropped silently
+            rows.append((world, schedule, f"{kind} f={folds}", None, None, None, f"skipped: {why}"))
             continue
         layout = make_layout(kind, model.num_layers, world, folds=folds, partition=partition)
         stages = model.stages(layout, groups)
@@ -69,4 +76,7 @@ if __name__ == "__main__":
         results = launch(sweep, pp or 0, args)
         rows = next(r for r in results if r is not None)
         for world, schedule, layout, wall, makespan, bubble, token in rows:
-            print(f"| {world} | {schedule} | {layout} | {wall:.2f} | {makespan:.2f} | {bubble:.1%} | {token} |")
+            if wall is None:
+                print(f"| {world} | {schedule} | {layout} | - | - | - | {token} |")
+            else:
+                print(f"| {world} | {schedule} | {layout} | {wall:.2f} | {makespan:.2f} | {bubble:.1%} | {token} |")

@@ -4,13 +4,18 @@
   every test that starts a process (spawned ranks, torchrun, a subprocess) is marked ``slow``. A test
   that is not marked slow and starts one fails, naming the mark it needs.
 * Nothing is left behind: after each test, no child process of this one may still run.
+* Hermetic caches: matplotlib gets a configuration/cache directory of the session's own, and its font
+  cache is built once before any test (building it runs ``fc-list``, a process, which the rule above
+  would refuse in whichever fast test happened to import matplotlib first).
 """
 
 from __future__ import annotations
 
 import multiprocessing.process
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -41,6 +46,21 @@ def _children() -> set[int]:
     except FileNotFoundError:
         pass
     return out
+
+
+def pytest_configure(config):
+    config._vpp_mpl_dir = tempfile.mkdtemp(prefix="vpp-tests-mpl-")
+    os.environ["MPLCONFIGDIR"] = config._vpp_mpl_dir  # spawned ranks and subprocesses inherit it
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.font_manager  # noqa: F401  (builds the font cache now, fc-list included)
+    except ImportError:
+        pass
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(getattr(config, "_vpp_mpl_dir", ""), ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

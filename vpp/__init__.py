@@ -14,8 +14,11 @@ Vocabulary (used the same way in every module, docstring and error message):
 Rooms, top to bottom (a room imports only rooms below it; README "Layout"): :mod:`vpp.cli`,
 :mod:`vpp.schedules` (the public API re-exports), :mod:`vpp.bench` (measurement harness),
 :mod:`vpp.runtime` (plans on process groups), :mod:`vpp.perf` (paper-scale cost model),
-:mod:`vpp.models` (what is computed), :mod:`vpp.parallel` (who talks to whom), :mod:`vpp.plan`
+:mod:`vpp.models` (model families and checkpoints), :mod:`vpp.transformer` (what a layer computes:
+attention, MoE, router, MLP), :mod:`vpp.parallel` (who talks to whom), :mod:`vpp.plan`
 (what runs when, as data) and :mod:`vpp.config` (the Hugging Face config reader).
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["__version__"]

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vpp.bench.prefill as prefill_module
+import vpp.bench.prefill_rounds as prefill_module
 from vpp.parallel import GridSizes, Group, ParallelGroups, initialize_model_parallel, run_distributed
 from vpp.parallel.device import Accelerator, accelerator_for_backend, get_accelerator
-from vpp.parallel.launch import check_device_count
+from vpp.parallel.spawn import check_device_count
 
 
 class _Done:

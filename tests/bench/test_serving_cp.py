@@ -1,9 +1,9 @@
-"""Paper-scale streams (vpp.bench.serving) and the CP comparison harness (vpp.bench.cp_sweep) on tiny
+"""Paper-scale streams (vpp.bench.serving) and the CP comparison harness (benchmarks.cp_sweep) on tiny
 deployments."""
 
 import pytest
 
-from vpp.bench.cp_sweep import anchor, deployments, evaluate
+from benchmarks.cp_sweep import META_POINTS, anchor, deployments, evaluate, meta_points
 from vpp.bench.serving import best_budget, gain, serve
 from vpp.perf.arch import Arch
 from vpp.perf.configs import LLAMA3_405B, get_arch
@@ -59,3 +59,19 @@ def test_anchor_is_the_full_prefill_of_the_modelled_setup():
     assert a["ttft_s"] == pytest.approx(full_prefill(LLAMA3_405B, H100, par, 16, 1 << 16))
     assert a["efficiency"] == pytest.approx(full_prefill(LLAMA3_405B, H100, par, 1, 1 << 16) / (16 * a["ttft_s"]))
     assert 0 < a["efficiency"] <= 1.0 and a["name"] == "llama3-405b-1m-128xh100"
+
+
+def test_every_meta_point_is_the_full_prefill_of_its_shape():
+    rows = meta_points()
+    assert [r["name"] for r in rows] == [p["name"] for p in META_POINTS] and rows[0]["seconds"] == 77.0
+    par = Parallel(tp=8, weight_bytes=1)
+    for r in rows:
+        t = full_prefill(LLAMA3_405B, H100, par, r["cp"], r["tokens"])
+        assert r["model_s"] == pytest.approx(t) and r["error"] == pytest.approx(t / r["seconds"] - 1)
+        assert r["within"] == (abs(t / r["seconds"] - 1) <= 0.15)
+        if r["cp"] > 1:   # the gap spread over (cp - 1) x 126 ring steps
+            assert r["needed_step_ms"] == pytest.approx(1e3 * (r["seconds"] - t) / ((r["cp"] - 1) * 126))
+
+
+def test_deployments_carry_the_kv_format():
+    assert {d.setup.par.kv_bytes for d in deployments(get_arch("deepseek"), DEV, devices=16, kv_bytes=1)} == {1}

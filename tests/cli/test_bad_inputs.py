@@ -66,7 +66,7 @@ CASES = [
      r"the smallest needs [\d.]+ GB on its busiest device \(weights [\d.]+ GB, kv_cache [\d.]+ GB"),
     ("calibrate --tokens 0", 2, r"argument --tokens: must be an integer >= 1, got 0"),
     ("calibrate --chunk 1024 --tokens 512", 2, r"--chunk 1024 is longer than --tokens 512"),
-    ("nosuchcommand", 2, r"argument command: invalid choice: 'nosuchcommand'"),
+    ("nosuchcommand", 2, r"argument COMMAND: invalid choice: 'nosuchcommand'"),
 ]
 
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from vpp.cli.prefill import report
 from vpp.models.toy import ToyStage
-from vpp.bench.prefill import BenchConfig, Row
+from vpp.bench.prefill_rounds import BenchConfig, Row
 
 
 @pytest.mark.slow
@@ -129,3 +129,23 @@ def test_prefill_command_runs_dcpp_and_packed(tmp_path):
     out = json.loads(proc.stdout)
     assert [r["schedule"] for r in out["rows"]] == ["cpp", "dcpp", "vpp-packed"]
     assert all(r["max_abs_diff"] < 1e-3 for r in out["rows"])
+
+
+def test_the_why_line_names_the_ratio_per_round_and_the_bubbles(capsys):
+    """TTFT of the fastest V schedule over CPP's, round by round (here 0.9, 0.95, 0.92: median 0.92), the
+    median bubbles, and the layers that run alone at the end (the V's last stage vs CPP's last rank)."""
+    from vpp.cli.prefill import why_line
+    rows = [Row("cpp", ttft=[10.0, 10.0, 10.0], bubble_ratio=[0.17, 0.18, 0.16]),
+            Row("vpp", ttft=[9.8, 9.9, 9.7], bubble_ratio=[0.13] * 3),
+            Row("vpp-async", ttft=[9.0, 9.5, 9.2], bubble_ratio=[0.09, 0.10, 0.08])]
+    facts = {"partitions": {"cpp": [3, 3], "vpp": [1, 1, 2, 2], "vpp-async": [2, 1, 2, 1]}}
+    line = why_line(rows, facts)
+    assert line == ("why VPP-Async is faster: TTFT 0.920 x CPP's [0.900-0.950] (per round); it left 9.0% of the "
+                    "ranks' time idle (bubble) vs CPP's 17.0%; the last chunk ends on one rank alone, 1 layer "
+                    "(the V's last stage) vs CPP's 3")
+    rows[2].ttft[1] = 10.5
+    rows[1].ttft = [10.1] * 3
+    assert why_line(rows, {}).startswith("why VPP-Async is not faster every round: TTFT 0.920 x CPP's [0.900-1.050]")
+    assert why_line(rows[1:], facts) is None            # no CPP to compare with
+    report(rows, {"transfer_s": 0.0, "layouts": {}, **facts}, BenchConfig(model="toy"), as_json=False, atol=1e-3)
+    assert "why VPP-Async is not faster every round" in capsys.readouterr().out

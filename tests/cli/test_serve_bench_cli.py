@@ -27,3 +27,20 @@ def test_serve_bench_runs_every_contender():
             assert len(row["ttft_median"]) == 2 and 0 < row["ttft_median"][0] <= row["ttft_p90"][0]
             assert 0 <= row["bubble_ratio"][0] < 1
     assert out["rows"][0]["speedup"] == [1.0, 1.0]
+
+
+@pytest.mark.slow
+def test_serve_bench_with_a_shared_budget_replays_in_the_simulator():
+    """Requests share one token budget per step (their chunk lists from plan/shared_budget.py); every
+    row carries the executed trace's makespan and the simulator's replay of the same plan."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "vpp", "serve-bench", "--model", "toy", "--workload", "short", "--n", "4",
+         "--scale", "512", "--chunk-size", "12", "--repeat", "1", "--contenders", "cpp,dcpp,vpp-async",
+         "--shared-budget", "--dcpp-min-chunk", "4", "--json"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["config"]["shared_budget"] is True
+    assert [r["name"] for r in out["rows"]] == ["cpp", "dcpp", "vpp-async"]
+    for row in out["rows"]:
+        assert len(row["sim_makespan"]) == 1 and row["sim_makespan"][0] > 0 and row["trace_makespan"][0] > 0

@@ -19,7 +19,7 @@ from vpp.config import DEFAULTS, RELEASE_DEFAULTS, REQUIRED, SUPPORTED_MODEL_TYP
 from vpp.models import checkpoint_shapes
 from vpp.models.blocks import moe_config
 from vpp.models.tiny import TINY_CONFIGS
-from vpp.parallel.moe import MoEConfig
+from vpp.transformer.moe import MoEConfig
 from vpp.perf.arch import Arch
 from vpp.perf.configs import CONFIGS
 from vpp.perf.memory import layer_weight_bytes

@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import vpp.parallel.attention.mla as mla_module
-from vpp.parallel.attention import (
+import vpp.transformer.attention.mla as mla_module
+from vpp.transformer.attention import (
     Chunk, DSASpec, GrowingBuffer, Indexer, MLAttention, MLASpec, RequestCache, RopeSpec, RotaryEmbedding,
     causal_attention, kv_head_shard, sparse_latent_attention,
 )

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vpp.parallel.attention.kernel as kernel_module
+import vpp.transformer.attention.kernel as kernel_module
 from tests.models.test_attention import _mla, _naive_attention, _randn
-from vpp.parallel.attention import Chunk, DSASpec, GrowingBuffer, RequestCache, RopeSpec, RotaryEmbedding
-from vpp.parallel.attention.kernel import attention_lse, causal_attention, math_lse, merge_partials
-from vpp.parallel.attention.workspace import rows_per_block, set_workspace_bytes
+from vpp.transformer.attention import Chunk, DSASpec, GrowingBuffer, RequestCache, RopeSpec, RotaryEmbedding
+from vpp.transformer.attention.kernel import attention_lse, causal_attention, math_lse, merge_partials
+from vpp.transformer.attention.workspace import rows_per_block, set_workspace_bytes
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 
@@ -140,7 +140,7 @@ def test_request_cache_reserve_grows_never_shrinks_and_counts_bytes():
 def test_one_query_attends_in_the_latent_space_within_the_budget(monkeypatch, keys_per_block):
     """A decode step (one query) never expands the cache: it equals the expanded dense attention, and
     with a small budget reads the latent in blocks of at most that many keys."""
-    import vpp.parallel.attention.mla as mla_module
+    import vpp.transformer.attention.mla as mla_module
     x = _randn(6, 23, 32)
     module = _mla()
     module.workspace_bytes = 1 << 40

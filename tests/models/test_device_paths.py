@@ -18,8 +18,8 @@ import torch
 from vpp.models import build_stage, model_config, random_checkpoint
 from vpp.models.tiny import TINY_CONFIGS
 from vpp.parallel import ParallelGroups
-from vpp.parallel.attention.workspace import set_workspace_bytes
-from vpp.parallel.moe import MoE
+from vpp.transformer.attention.workspace import set_workspace_bytes
+from vpp.transformer.moe import MoE
 
 CHUNKS = (40, 1, 7, 60)
 

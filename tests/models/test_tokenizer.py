@@ -71,6 +71,6 @@ def test_no_tokenizer_is_a_clear_error(model_dir, tmp_path, monkeypatch):
     with pytest.raises(TokenizerError, match=rf"{bad / 'tokenizer.json'}: cannot be read by the tokenizers library"):
         load_tokenizer(bad)
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # the optional extra is not installed
-    with pytest.raises(TokenizerError, match=r"text prompts need the 'tokenizers' package: pip install "
-                                             r"'vpp-prefill\[text\]'"):
+    with pytest.raises(TokenizerError, match=r"text prompts need the 'tokenizers' package: pip install -e "
+                                             r"'\.\[text\]' in a clone of vpp \(or pip install tokenizers\)"):
         load_tokenizer(model_dir)

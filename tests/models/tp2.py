@@ -59,7 +59,7 @@ def model_checks(cases, groups_by_ep) -> dict:
 
 def attention_checks(tp) -> dict:
     """TP-sharded attention modules against the same module unsharded (built locally on each rank)."""
-    from vpp.parallel.attention import Chunk, GQAttention, MLAttention, MLASpec, DSASpec, RopeSpec, RotaryEmbedding
+    from vpp.transformer.attention import Chunk, GQAttention, MLAttention, MLASpec, DSASpec, RopeSpec, RotaryEmbedding
     from vpp.parallel.sharding import load_state
     res = {}
     x = torch.randn(12, 32, generator=torch.Generator().manual_seed(3))

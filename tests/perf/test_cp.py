@@ -5,7 +5,7 @@ import pytest
 from vpp.perf.arch import Arch
 from vpp.perf.configs import LLAMA3_405B, get_arch
 from vpp.perf.cp import (ContextParallelCost, cp_weight_bytes, full_prefill, kv_block_bytes, model_flops,
-                         q_block_bytes, ring_attention_ops)
+                         q_block_bytes, ring_attention_ops, straggle)
 from vpp.perf.deployment import DeploymentCost
 from vpp.perf.hardware import H100
 from vpp.perf.memory import layer_weight_bytes
@@ -58,7 +58,8 @@ def test_gqa_ring_by_hand():
     assert kv_block_bytes(arch, 6, par) == kv
     assert ring.kv_transfer == pytest.approx(1e-6 + kv / (1e10 * 0.5))
     assert ring.q_transfer == pytest.approx(1e-6 + 4 * 4 * 16 * 2 / (1e10 * 0.5))
-    assert ring.exposed_kv == pytest.approx(max(0.0, ring.kv_transfer - ring.step_compute))
+    assert ring.sync == pytest.approx(1e-6)                # the block's arrival signal; 2 x 2 pieces of 2: no straggler
+    assert ring.exposed_kv == pytest.approx(max(0.0, ring.kv_transfer - ring.step_compute) + 1e-6)
     local = [op for op in layer_ops(arch, 0, 4, 0, par) if op.name != "attention"]
     want = sum(DEV.op_time(op) for op in local) + attn + merge + ring.exposed \
         + 2 * DEV.alltoall(4 * 2 * 64 * 2, 2)              # MoE rows (q k / tp = 8) to and from the other rank
@@ -114,7 +115,19 @@ def test_llama_anchor_attention_by_hand():
     attn = 126 * 4 * causal_pairs(T, 0) / 16 * 16 * 128 / (989e12 * 0.6)
     merge = 126 * 3 * 15 * (T // 16) * 16 * 128 * 4 / (3.35e12 * 0.8)   # 15 partial outputs merged, fp32
     assert cost.breakdown(0, T, 0)["attention"] == pytest.approx(attn + merge, rel=1e-9)
-    assert cost.breakdown(0, T, 0)["cp_comm"] == 0.0      # 1 ms KV blocks hide behind 30 ms ring steps
+    # 1 ms KV blocks hide behind 30 ms ring steps; each of the 15 steps of 126 layers waits for one arrival signal
+    assert cost.breakdown(0, T, 0)["cp_comm"] == pytest.approx(126 * 15 * 5e-6)
     flops = model_flops(LLAMA3_405B, T)
     assert flops == pytest.approx(2 * sum(layer_weight_bytes(LLAMA3_405B, i, Parallel(weight_bytes=1))
                                           for i in range(126)) * T + 126 * 4 * 128 * 128 * causal_pairs(T, 0))
+
+
+def test_a_ragged_piece_makes_the_ring_wait_for_its_slowest_rank():
+    """10 tokens on cp=2: 4 pieces of ceil(10/4) = 3 tokens (the last holds 1), against a mean of 2.5: the
+    ranks with full pieces take 3 / 2.5 of the mean step, so each step waits 20% of a mean step more."""
+    assert straggle(10, 2, 1.0) == pytest.approx(0.5 * 0.2)
+    assert straggle(16, 2, 1.0) == 0.0
+    arch = Arch.from_config(TINY_GQA)
+    ring = ContextParallelCost(arch, DEV, make_layout("loop", 2, 1), Parallel(tp=1), cp=2).ring_of(0, 10, 0)
+    attn = 2 * ring.step_compute
+    assert ring.sync == pytest.approx(DEV.cp_p2p(0.0, DEV.ring_bw(2)) + straggle(10, 2, attn))

@@ -48,7 +48,7 @@ def test_vllm_ascend_sequence_by_hand():
 
 
 def test_vllm_ascend_default_floor_4096():
-    # default min_chunk = min(4096, B // 2) = 4096: L=8192 -> 4608 as above; L=12800 -> 3590 < 4096 -> 4096,
+    # default min_chunk = 4096 (clamped to B only below it): L=8192 -> 4608 as above; L=12800 -> 3590 < 4096 -> 4096,
     # and 4096 from there on; 32768 - 12800 = 19968 = 4 * 4096 + 3584.
     p = planner("vllm-ascend")
     assert p.min_chunk == 4096 and p.smoothing == 1.0
@@ -72,8 +72,9 @@ def test_fit_recovers_coefficients():
     a, b, c = fit_quadratic(sizes, [f(n) for n in sizes])
     assert a == pytest.approx(A, rel=1e-6) and b == pytest.approx(B_LIN, rel=1e-6) and c == pytest.approx(C, rel=1e-6)
     p = planner("sglang")
-    assert (p.a, p.b, p.c) == pytest.approx((A, B_LIN, C), rel=1e-6)
-    assert p.target == pytest.approx(f(BUDGET) - f(0), rel=1e-9)
+    # the planner works in milliseconds, as both engines do
+    assert (p.a, p.b, p.c) == pytest.approx((A * 1e3, B_LIN * 1e3, C * 1e3), rel=1e-6)
+    assert p.target == pytest.approx((f(BUDGET) - f(0)) * 1e3, rel=1e-9)
 
 
 def test_profile_sizes_follow_the_sources():
@@ -114,9 +115,10 @@ def test_online_refit_vllm_ascend():
     fitted = [p.observe(n, h, truth(n, h)) for n, h in [(4096, 0), (4096, 4096), (2048, 8192), (1024, 10240),
                                                          (3000, 11264), (512, 14264)]]
     assert fitted == [False, False, False, False, True, True]
-    assert p.history_coef == pytest.approx((3e-9, 2e-6, 1e-3), rel=1e-6)
+    assert p.history_coef == pytest.approx((3e-6, 2e-3, 1.0), rel=1e-6)   # ms
+    assert p.target == pytest.approx(truth(4096, 0) * 1e3)   # reset to the first prefix-free step's time
     # the next chunk solves a x (x + H) + b (x + H) + c = T with the re-fitted model
-    h, ha, hb, hc = 20000, 3e-9, 2e-6, 1e-3
+    h, ha, hb, hc = 20000, 3e-6, 2e-3, 1.0
     qb, qc = ha * h + hb, hb * h + hc - p.target
     x = (-qb + math.sqrt(qb * qb - 4 * ha * qc)) / (2 * ha)
     assert p.next_chunk(h, 10 ** 6) == max(-(-int(x) // 64) * 64, 64)
@@ -127,8 +129,10 @@ def test_bad_fits():
     with pytest.raises(ValueError, match="not positive"):
         DcppPlanner("sglang", budget=BUDGET).profile(lambda n: 1.0 + 1e-6 * n - 1e-12 * n * n)
     p = DcppPlanner("vllm-ascend", budget=BUDGET).profile(lambda n: 1.0 + 1e-6 * n - 1e-12 * n * n)
-    assert p.a > 0 and p.chunk_sizes(20000)[0] == BUDGET
-    with pytest.raises(ValueError, match="unknown DCPP variant"):
+    assert p.a < 0 and p.chunk_sizes(20000)[0] == BUDGET          # main (#10746) keeps a negative fit
+    p = DcppPlanner("vllm-ascend-7896", budget=BUDGET).profile(lambda n: 1.0 + 1e-6 * n - 1e-12 * n * n)
+    assert p.a == 1e-9                                              # #7896 clamps it to 1e-9 ms/token^2
+    with pytest.raises(ValueError, match="unknown DCPP mode"):
         DcppPlanner("orca")
 
 
@@ -141,3 +145,14 @@ def test_requests_feed_cpp_and_simulate():
     plan = verify(build_cpp(layout, reqs))
     s = summarize(simulate(plan, cost))
     assert s.makespan > 0 and s.compute > 0
+
+
+@pytest.mark.parametrize("variant", ["vllm-ascend", "vllm-ascend-7896", "sglang"])
+def test_merge_tail_joins_the_last_chunk_in_every_mode(variant):
+    from vpp.plan.ir import merge_tail
+    for length in (24576 + 100, 30000, 65536 + 777, 8192 + 63):
+        plain = planner(variant).chunk_sizes(length)
+        merged = DcppPlanner(variant=variant, budget=BUDGET, merge_tail=1024).profile(f).chunk_sizes(length)
+        assert merged == merge_tail(plain, 1024) and sum(merged) == length
+    assert planner(variant).chunk_sizes(8192 + 63) == [8192, 63]
+    assert DcppPlanner(variant=variant, budget=BUDGET, merge_tail=64).profile(f).chunk_sizes(8192 + 63) == [8255]

@@ -1,7 +1,7 @@
 """Request streams and pipelined packing (Algorithm 2), against hand derivations under Eq. 2.
 
 Setting of the derivations: P = 2, a V of 4 stages, tau_k = (k + 1) t per stage, no transfer time,
-requests of N chunks. One request alone (tests/schedules/test_simulator.py): rank 1 starts s1/C_k at
+requests of N chunks. One request alone (tests/plan/test_simulator.py): rank 1 starts s1/C_k at
 W_k = t + k (k+1) t, the makespan is (N+1)^2 t, and after s3/C_{N-2} rank 0 idles for the drain window
 2 tau_{N-1} - tau_{N-2} = (N+1) t until s2/C_{N-1} arrives; rank 1 then idles while rank 0 runs
 s3/C_{N-1} (N t).

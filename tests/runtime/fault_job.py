@@ -1,7 +1,9 @@
 """A two-rank toy prefill with a planted fault on rank 1, run by tests/runtime/test_faults.py under
 torchrun or spawned. ``python fault_job.py MODE TIMEOUT OUT_DIR``; MODE: none, raise, exit, hang
 (mid-prefill) or hang-start (before the start-up exchange). Each rank writes what it saw to
-OUT_DIR/rank<N>. No fault handling of its own: what it shows is the library's."""
+OUT_DIR/rank<N> (seconds from its start of the prefill, then its message) and, when it starts running,
+OUT_DIR/running<N> (the wall-clock time, so the test can time the bounds from running ranks rather
+than from interpreter start-up). No fault handling of its own: what it shows is the library's."""
 
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ class Faulty(ToyStage):
 
 
 def job(rank, world, mode, timeout_s, out_dir):
+    with open(os.path.join(out_dir, f"running{rank}"), "w") as f:
+        f.write(repr(time.time()))
     groups = initialize_model_parallel(1, world)
     layout = make_layout("v", 4, world)
     fault = mode if rank == 1 and mode in ("raise", "exit", "hang") else None

@@ -22,7 +22,11 @@ pytestmark = pytest.mark.slow  # every test here starts processes
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "runtime" / "fault_job.py"
 TIMEOUT_S = 3.0
-BOUND_S = 40.0  # timeout + start-up of torchrun and two interpreters on a loaded 2-core machine
+# From the moment both ranks run (not from the spawn: two interpreters importing torch on a loaded
+# 2-core machine can take longer than the whole bound): the library's timeout, its grace to collect
+# the peers' errors, stopping the ranks and the launcher's exit.
+BOUND_S = 25.0
+START_S = 120.0  # start-up allowance of torchrun / the spawner and two interpreters, counted separately
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 
 
@@ -69,10 +73,12 @@ def _run_job(launcher: str, mode: str, out_dir: Path) -> tuple[subprocess.Comple
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(JOB)]
     else:
         cmd = [sys.executable, str(JOB)]
-    start = time.monotonic()
     proc = subprocess.run(cmd + [mode, str(TIMEOUT_S), str(out_dir)], capture_output=True, text=True,
-                          timeout=BOUND_S + 30, env=ENV, cwd=ROOT)
-    return proc, time.monotonic() - start
+                          timeout=START_S + BOUND_S, env=ENV, cwd=ROOT)
+    ended = time.time()
+    started = [float(p.read_text()) for p in out_dir.glob("running*")]
+    assert len(started) == 2, f"ranks did not start: {proc.stderr[-2000:]}"
+    return proc, ended - max(started)
 
 
 CASES = [  # (launcher, mode, what rank 0 says)
@@ -90,7 +96,7 @@ def test_a_fault_ends_every_rank_and_names_the_failed_one(tmp_path, launcher, mo
     out_dir.mkdir()
     proc, took = _run_job(launcher, mode, out_dir)
     assert proc.returncode != 0, proc.stdout[-2000:]
-    assert took < BOUND_S, f"took {took:.1f}s"
+    assert took < BOUND_S, f"took {took:.1f}s after both ranks ran"
     assert said in (out_dir / "rank0").read_text()
     if launcher == "spawned":  # the launcher blames rank 1, the one that never came, not rank 0
         assert "RankFailure: rank 1 of 2 failed (named by rank 0)" in proc.stderr, proc.stderr[-2000:]
@@ -107,8 +113,11 @@ def _start_prefill(tmp_path: Path) -> tuple[subprocess.Popen, set[int]]:
     """`vpp prefill` on two spawned ranks, long enough to be killed mid-run; returns it and its ranks."""
     cmd = [sys.executable, "-m", "vpp", "prefill", "--seq-len", "8192", "--chunk-size", "256", "--repeat", "5",
            "--no-progress", "--timeout", "120"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
-    deadline = time.monotonic() + 60
+    # output to a file, not a pipe: after SIGKILL of the parent its ranks (and multiprocessing's resource
+    # tracker) still hold the pipe for a moment, and reading it would wait on them, not on the parent
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=ENV, cwd=ROOT)
+    deadline = time.monotonic() + START_S  # two interpreters importing torch on a loaded machine
     ranks: set[int] = set()
     while time.monotonic() < deadline and len(ranks) < 2:
         ranks = {p for p in _children(proc.pid) if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()}
@@ -125,10 +134,10 @@ def test_spawned_ranks_die_with_their_parent(tmp_path, sig):
     proc.send_signal(sig)
     try:
         code = proc.wait(timeout=20)
-        _, err = proc.communicate(timeout=5)
     finally:
         if proc.poll() is None:
             proc.kill()
+    err = (tmp_path / "stderr").read_text()
     assert code != 0
     if sig != signal.SIGKILL:  # the parent stopped its ranks itself and said so in one line
         assert err.strip().splitlines()[-1] == "vpp prefill: error: interrupted", err[-2000:]

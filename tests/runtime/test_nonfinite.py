@@ -34,7 +34,7 @@ def test_watch_and_first_stage():
 
 def test_check_report_fails_on_a_nan_difference(capsys):
     """`nan > atol` is false: the report must not count it as a pass."""
-    from vpp.bench.prefill import BenchConfig, Row
+    from vpp.bench.prefill_rounds import BenchConfig, Row
     from vpp.cli.prefill import report
     row = Row("vpp")
     row.max_abs_diff = float("nan")

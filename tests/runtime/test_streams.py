@@ -9,7 +9,7 @@ from vpp.models.registry import open_model
 from vpp.parallel import ParallelGroups, initialize_model_parallel, run_distributed
 from vpp.plan import make_layout, request_done_times
 from vpp.runtime.api import forward_prefill
-from vpp.runtime.dcpp import forward_dcpp_prefill, profile_planner
+from vpp.runtime.dcpp_profile import forward_dcpp_prefill, profile_planner
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 LENGTHS = [40, 17, 29]
@@ -83,7 +83,7 @@ def _dcpp(rank, world, variant):
         # SGLang refuses a fit whose quadratic term is not positive, and at these sizes (<= 320 tokens
         # of a tiny model) a loaded CPU's noise can outweigh attention's quadratic growth: time the
         # profile with a clean quadratic instead (vLLM-Ascend's run below profiles the real stage).
-        import vpp.runtime.dcpp as dcpp_runtime
+        import vpp.runtime.dcpp_profile as dcpp_runtime
         dcpp_runtime.stage_timer = lambda stage, groups, seed=0: (lambda n: 1e-3 + 2e-5 * n + 1e-7 * n * n)
     groups = initialize_model_parallel(1, world)
     model = open_model("tiny-deepseek")

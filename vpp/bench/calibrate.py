@@ -80,7 +80,7 @@ def _link_rank(rank: int, world: int, nbytes: int) -> tuple[float, float]:
 
 def link_bandwidth(nbytes: int = 32 << 20) -> tuple[float, float]:
     """(bytes/s, latency s) of a gloo send/recv between two local processes."""
-    from vpp.parallel.launch import run_distributed
+    from vpp.parallel.spawn import run_distributed
     lat, t = run_distributed(_link_rank, 2, nbytes, timeout=120.0)[0]
     return nbytes / max(t - lat, 1e-9), lat
 

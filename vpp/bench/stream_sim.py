@@ -3,12 +3,12 @@
 Every strategy runs the same model (``layers`` layers) on ``pp`` ranks under one cost model:
 
 * CPP, DCPP        -- a loop layout (one stage per rank), requests pipelined back to back
-  (:func:`.builders.build_cpp`), blocking transfers. CPP cuts prompts into ``chunk_size`` chunks;
-  DCPP's planner (:mod:`.dcpp`, ``dcpp_variant``) uses ``chunk_size`` as its budget and is profiled on
+  (:func:`vpp.plan.builders.build_cpp`), blocking transfers. CPP cuts prompts into ``chunk_size`` chunks;
+  DCPP's planner (:mod:`vpp.plan.dcpp`, ``dcpp_variant``) uses ``chunk_size`` as its budget and is profiled on
   the cost model (``stage_measure`` over the stages its variant profiles).
 * VPP, VPP-Async   -- a V (``2 folds pp`` stages), fixed chunks, one request at a time (the default
   ``request_order="sequential"``); blocking / non-blocking transfers.
-* VPP-Async + packing -- the same V with :func:`.packing.build_vpp_packed`, whose estimates use the same
+* VPP-Async + packing -- the same V with :func:`vpp.plan.packing.build_vpp_packed`, whose estimates use the same
   cost model.
 
 All plans carry the workload's concurrency limit and arrival times. The default cost model,
@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 from vpp.plan import strategies
 from vpp.plan.cost import LinearCost, seconds_per_token
 from vpp.plan.dcpp import DcppPlanner, profiled_stages, stage_measure
+from vpp.plan.shared_budget import shared_budget_requests
 from vpp.plan.ir import Plan
 from vpp.plan.layout import Layout, make_layout
 from vpp.plan.packing import packed_chunks
@@ -73,6 +74,8 @@ class StreamSetup:
     folds: int = 1
     chunk_size: int = 1024
     dcpp_variant: str = "vllm-ascend"
+    dcpp_min_chunk: int | None = None   # None: the mode's own (vLLM-Ascend 4096, clamped to the budget)
+    shared_budget: bool = False         # one token budget per step shared by the requests (plan/shared_budget.py)
     cost: Callable[[Layout], object] = machine_cost
 
     def layout(self, strategy: str) -> Layout:
@@ -108,9 +111,14 @@ def build(setup: StreamSetup, workload: Workload, strategy: str) -> tuple[Plan, 
     spec = strategies.get(strategy, STRATEGIES + EXTRA)
     layout = setup.layout(strategy)
     cost = setup.cost(layout)
+    planner = None
     if spec.chunking == "dcpp":
-        planner = DcppPlanner(setup.dcpp_variant, budget=setup.chunk_size)
+        planner = DcppPlanner(setup.dcpp_variant, budget=setup.chunk_size, min_chunk=setup.dcpp_min_chunk)
         planner.profile(stage_measure(cost, profiled_stages(layout, setup.dcpp_variant)))
+    if setup.shared_budget:
+        requests = shared_budget_requests(workload.lengths, setup.chunk_size, planner=planner,
+                                          arrivals=workload.arrivals)
+    elif planner is not None:
         requests = workload.requests(planner=planner)
     else:
         requests = workload.requests(setup.chunk_size)
@@ -120,7 +128,7 @@ def build(setup: StreamSetup, workload: Workload, strategy: str) -> tuple[Plan, 
 def run_strategy(setup: StreamSetup, workload: Workload, strategy: str, *, check: bool = True) -> SimulatedStream:
     plan, cost = build(setup, workload, strategy)
     trace = simulate(plan, cost, check=check)
-    packed = packed_chunks(plan) if strategy == "vpp-packed" else {}
+    packed = packed_chunks(plan) if strategies.get(strategy).packs else {}
     return SimulatedStream(strategy, plan, trace, summarize(trace), stream_stats(trace, plan), drain_idle(trace, plan),
                      packed)
 
@@ -131,7 +139,7 @@ def compare(setup: StreamSetup, workload: Workload, strategies: Sequence[str] = 
 
 
 def packing_effect(rows: dict[str, SimulatedStream]) -> dict:
-    """What packing removes relative to VPP-Async: drain-window idle (the metric of :mod:`.stream`),
+    """What packing removes relative to VPP-Async: drain-window idle (the metric of :mod:`vpp.plan.stream`),
     all bubble, and makespan; fractions are of VPP-Async's."""
     a, p = rows["vpp-async"], rows["vpp-packed"]
     frac = lambda before, after: (before - after) / before if before > 0 else 0.0

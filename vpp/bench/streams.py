@@ -6,7 +6,7 @@ Contenders (one row each): ``cpp``, ``dcpp`` (vLLM-Ascend's planner profiled on 
 (torch.distributed.pipelining's ``ScheduleGPipe.eval`` on the same stage modules, chunks as
 micro-batches, requests one after another; equal chunks only, so prompt lengths must be multiples of
 the chunk size). Rounds interleave the contenders (A B C ... A B C ...). Per run: makespan (barrier to
-the last first-token), throughput, per-request TTFT (from admission, see :mod:`vpp.schedules.stream`)
+the last first-token), throughput, per-request TTFT (from admission, see :mod:`vpp.plan.stream`)
 and, for vpp's own schedules, the bubble ratio of the executed trace.
 """
 
@@ -22,10 +22,11 @@ import torch.distributed as dist
 
 from vpp.models.registry import open_model, snap_partition
 from vpp.parallel.groups import ParallelGroups
-from vpp.bench.prefill import gather_all, say
+from vpp.bench.prefill_rounds import gather_all, measure_transfer, replay, say
 from vpp.plan import make_layout, strategies, stream_stats, workloads
 from vpp.runtime.api import forward_prefill
-from vpp.runtime.dcpp import profile_planner
+from vpp.runtime.dcpp_profile import profile_planner
+from vpp.plan.shared_budget import shared_budget_requests
 from vpp.runtime.gpipe import gpipe_prefill
 
 CONTENDERS = strategies.CONTENDERS
@@ -45,6 +46,9 @@ class StreamConfig:
     repeat: int = 3
     seed: int = 0
     timeout_s: float = 1800.0
+    dcpp_mode: str = "vllm-ascend"       # a vpp.plan.dcpp.VARIANTS mode
+    dcpp_min_chunk: int | None = None    # None: the mode's own floor
+    shared_budget: bool = False          # one token budget per step shared by the requests (plan/shared_budget.py)
 
 
 @dataclass
@@ -56,6 +60,10 @@ class MeasuredStream:
     ttft_p90: list[float] = field(default_factory=list)
     bubble_ratio: list[float] = field(default_factory=list)
     speedup: list[float] = field(default_factory=list)
+    # the executed trace's makespan and the simulator's replay of the same plan with the measured per-chunk
+    # compute times and the measured transfer time (the replay error is their gap)
+    trace_makespan: list[float] = field(default_factory=list)
+    sim_makespan: list[float] = field(default_factory=list)
 
     def stats(self, key: str) -> tuple[float, float, float]:
         v = getattr(self, key)
@@ -93,13 +101,16 @@ def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[Me
         layout = make_layout(kind, model.num_layers, groups.pp.size,
                              partition=snap_partition(model.num_layers, n_stages, model.stage_starts))
         stages[name] = model.stages(layout, groups)
-    planner = profile_planner(stages["dcpp"], groups, cfg.chunk_size) if "dcpp" in cfg.contenders else None
+    planner = profile_planner(stages["dcpp"], groups, cfg.chunk_size, variant=cfg.dcpp_mode,
+                              min_chunk=cfg.dcpp_min_chunk) if "dcpp" in cfg.contenders else None
+    transfer_s = measure_transfer(groups, cfg.chunk_size, stages[cfg.contenders[0]][0].hidden_size,
+                                  stages[cfg.contenders[0]][0].dtype)
     rows = {c: MeasuredStream(c) for c in cfg.contenders}
     say(groups, f"stream: {wl.name}, {len(wl.lengths)} requests, {sum(wl.lengths)} tokens, concurrency "
                  f"{wl.concurrency}, chunk {cfg.chunk_size}, pp={groups.pp.size}")
-    _run_round(groups, cfg, stages, planner, [p[: cfg.chunk_size] for p in prompts[:2]], None, warmup=True)
+    _run_round(groups, cfg, stages, planner, [p[: cfg.chunk_size] for p in prompts[:2]], None, transfer_s, warmup=True)
     for r in range(cfg.repeat):
-        results = _run_round(groups, cfg, stages, planner, prompts, wl, warmup=False)
+        results = _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, warmup=False)
         for name, res in results.items():
             row = rows[name]
             for key, value in res.items():
@@ -112,7 +123,17 @@ def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[Me
     return [rows[c] for c in cfg.contenders], facts
 
 
-def _run_round(groups, cfg, stages, planner, prompts, wl, *, warmup: bool) -> dict:
+def _chunking(cfg, name, planner, prompts):
+    """A contender's chunking: fixed, the DCPP planner's, or (``shared_budget``) explicit chunk lists
+    whose pieces fill one token budget per step across the requests."""
+    dcpp = planner if name == "dcpp" else None
+    if cfg.shared_budget:
+        lengths = [int(p.numel()) for p in prompts]
+        return [list(q.chunk_sizes) for q in shared_budget_requests(lengths, cfg.chunk_size, planner=dcpp)]
+    return dcpp.chunk_sizes if dcpp is not None else cfg.chunk_size
+
+
+def _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, *, warmup: bool) -> dict:
     out = {}
     arrivals = list(wl.arrivals) if wl else None
     concurrency = wl.concurrency if wl else None
@@ -121,7 +142,7 @@ def _run_round(groups, cfg, stages, planner, prompts, wl, *, warmup: bool) -> di
         holds_first = any(s.is_first for s in mine)
         dist.barrier()
         start = time.perf_counter()
-        if name == "gpipe":
+        if strategies.get(name).builder is None:  # gpipe: PyTorch schedules it
             for q, p in enumerate(prompts):
                 gpipe_prefill(mine[0], p if holds_first else None, min(cfg.chunk_size, p.numel()), p.numel(),
                               groups, request=q)
@@ -129,18 +150,20 @@ def _run_round(groups, cfg, stages, planner, prompts, wl, *, warmup: bool) -> di
             makespan = max(gather_all(groups, time.perf_counter() - start))
             stats, bubble = None, None
         else:
-            chunking = planner.chunk_sizes if name == "dcpp" else cfg.chunk_size
+            chunking = _chunking(cfg, name, planner, prompts)
             res = forward_prefill(mine, prompts if holds_first else None, chunking, groups,
                                   schedule=name, arrivals=arrivals,
                                   concurrency=concurrency, return_trace=True, timeout_s=cfg.timeout_s)
             groups.accelerator.synchronize(groups.device)  # the makespan ends when the logits exist
             makespan = max(gather_all(groups, time.perf_counter() - start))
             stats, bubble = stream_stats(res.trace, res.plan), res.trace.summarize().bubble_ratio
+            replayed = (res.trace.summarize().makespan, replay(res.plan, res.trace, transfer_s).summarize().makespan)
         for st in mine:
             for q in range(len(prompts)):
                 st.release(q)
         if not warmup:
             out[name] = {"makespan": makespan, "throughput": sum(p.numel() for p in prompts) / makespan}
             if stats is not None:
-                out[name].update(ttft_median=stats.ttft_median, ttft_p90=stats.ttft_p90, bubble_ratio=bubble)
+                out[name].update(ttft_median=stats.ttft_median, ttft_p90=stats.ttft_p90, bubble_ratio=bubble,
+                                 trace_makespan=replayed[0], sim_makespan=replayed[1])
     return out

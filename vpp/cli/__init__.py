@@ -18,7 +18,7 @@ import sys
 import traceback
 
 from vpp.cli.args import UsageError
-from vpp.cli.output import setup_logging
+from vpp.cli.terminal import setup_logging
 
 # name -> (module, one-line help). Command modules stay light: heavy imports happen inside run().
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -33,6 +33,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default (``(default: ...)``) except where there is none to show."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage problem is one line (``vpp <command>: error: ...``) and exit code 2."""
 
@@ -41,11 +53,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vpp", description="Virtual Pipeline Parallelism for chunked prefill")
+    from vpp import __version__
+    parser = _Parser(prog="vpp", description="Virtual Pipeline Parallelism for long-context chunked prefill. "
+                     "Run 'vpp COMMAND --help' for a command's options.")
+    parser.add_argument("--version", action="version", version=f"vpp {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND",
+                                title="commands")
     for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Help)
         p.add_argument("--debug", action="store_true", help="show tracebacks")
         p.set_defaults(_module=module)
         importlib.import_module(module).add_arguments(p)
@@ -54,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:  # bare `vpp`: what it can do, not an error
+        build_parser().print_help()
+        return 0
     debug = "--debug" in argv
     prog = "vpp"
     try:
@@ -89,7 +108,7 @@ def _fail(prog: str, message: str, code: int, debug: bool) -> int:
 
 
 def _under_torchrun() -> bool:
-    from vpp.parallel.launch import launched_by_torchrun
+    from vpp.parallel.spawn import launched_by_torchrun
     return launched_by_torchrun()
 
 

@@ -18,15 +18,17 @@ from vpp.safe_write import write_text
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default="tiny-deepseek", choices=("tiny-qwen", "tiny-deepseek", "tiny-glm"))
-    parser.add_argument("--tokens", type=positive_int, default=4096)
-    parser.add_argument("--chunk", type=positive_int, default=512)
-    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--model", default="tiny-deepseek", choices=("tiny-qwen", "tiny-deepseek", "tiny-glm"),
+                        help="the tiny model timed")
+    parser.add_argument("--tokens", type=positive_int, default=4096, help="prompt tokens timed")
+    parser.add_argument("--chunk", type=positive_int, default=512, help="tokens per chunk")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     parser.add_argument("--runs", type=positive_int, default=3, help="prefills to time (median per chunk)")
     parser.add_argument("--check", action="store_true",
                         help="also predict the other tiny models with the calibrated device (no re-fit)")
     parser.add_argument("--link", action="store_true", help="also time gloo send/recv between two processes")
-    parser.add_argument("--out", default=os.path.join("benchmarks", "results", "cpu_calibration.json"))
+    parser.add_argument("--out", default=os.path.join("benchmarks", "results", "cpu_calibration.json"),
+                        help="where the fitted preset is written (JSON)")
 
 
 def check(args) -> None:

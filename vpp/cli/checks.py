@@ -13,7 +13,7 @@ def open_checked(spec: str, *, tp: int, pp: int, schedules, folds: int = 1, ep: 
     """The :class:`~vpp.models.registry.ModelSource` of ``spec`` once every layout the ``schedules``
     need is known to build on a (tp, pp, ep) grid; a :class:`UsageError` naming the problem
     otherwise."""
-    from vpp.bench.prefill import layout_for
+    from vpp.bench.prefill_rounds import layout_for
     from vpp.config import ConfigError
     from vpp.models.registry import BUILTIN, open_model
     from vpp.parallel.grid import GridSizes
@@ -50,7 +50,7 @@ def _check_files(model_dir: str) -> None:
 def check_devices(device: str, ranks: int) -> None:
     """Spawned ranks need one device each: refuse fewer devices than ranks before spawning any."""
     from vpp.parallel.device import get_accelerator
-    from vpp.parallel.launch import check_device_count, launched_by_torchrun
+    from vpp.parallel.spawn import check_device_count, launched_by_torchrun
     if launched_by_torchrun():
         return  # torchrun placed the processes: the local rank picks the card
     try:

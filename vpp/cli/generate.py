@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int)
 from vpp.cli.checks import open_checked
 from vpp.cli.memory_check import check_memory, check_positions
-from vpp.cli.output import setup_logging
+from vpp.cli.terminal import setup_logging
 from vpp.plan import strategies
 
 
@@ -28,11 +28,14 @@ from vpp.plan import strategies
 def add_arguments(p) -> None:
     p.add_argument("--model", default="tiny-deepseek",
                    help="tiny-deepseek | tiny-qwen | tiny-glm | a model directory (config.json + safetensors)")
-    p.add_argument("--tp", type=positive_int, default=1)
-    p.add_argument("--pp", type=positive_int, default=2)
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks per pipeline stage")
+    p.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks (tp * pp ranks in all)")
     p.add_argument("--schedule", default="vpp-async", choices=strategies.PLANNED, help="the prefill's schedule")
     p.add_argument("--chunk-size", type=positive_int, default=512, help="prefill chunk size (DCPP: its budget)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=32)
+    p.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens to generate after the prompt")
+    p.add_argument("--cached-prefix", type=nonnegative_int, default=0, metavar="N",
+                   help="prefill the first N prompt tokens first (untimed), then the rest as a prompt with a "
+                        "cached prefix; the TTFT covers the rest")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="the prompt as text (needs the checkpoint's tokenizer)")
     source.add_argument("--prompt-file", help="a file holding the prompt text")
@@ -42,7 +45,7 @@ def add_arguments(p) -> None:
     p.add_argument("--top-k", type=nonnegative_int, default=0, help="keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=positive_float, default=1.0, help="keep the smallest set of this mass (1: all)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="auto: the checkpoint's torch_dtype (float32 for the built-in tiny models)")
+                   help="auto: the checkpoint's torch_dtype (float32 for the built-in tiny models on CPU, bf16 on an accelerator)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per spawned rank")
     p.add_argument("--timeout", type=positive_float, default=600.0,
                    help="seconds before a stuck rank fails the run (also the process group's timeout)")
@@ -66,6 +69,7 @@ class GenerateJob:
     timeout_s: float
     stream: bool
     eos_token_id: int | None
+    cached_prefix: int = 0
 
 
 def check(args) -> None:
@@ -94,18 +98,21 @@ def check(args) -> None:
                             f"--seq-len {args.seq_len} plus --max-new-tokens {args.max_new_tokens}")
         vocab = int(model.config["vocab_size"])
         ids = torch.randint(0, vocab, (args.seq_len or 128,), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    if args.cached_prefix >= len(ids):
+        raise UsageError(f"--cached-prefix {args.cached_prefix} leaves nothing to prefill of a {len(ids)}-token prompt")
     limit = model.config.get("max_position_embeddings")
     if limit is not None and len(ids) + args.max_new_tokens > limit:
         raise UsageError(f"a prompt of {len(ids)} tokens plus --max-new-tokens {args.max_new_tokens} exceeds the "
                          f"model's {limit} positions")
-    from vpp.bench.prefill import layout_for
+    from vpp.bench.prefill_rounds import layout_for
     check_memory(model, {args.schedule: layout_for(model, args.schedule, args.pp)}, tp=args.tp,
                  tokens=len(ids) + args.max_new_tokens, chunk=args.chunk_size,
                  option=f" plus {args.max_new_tokens} new tokens")
     args.job = GenerateJob(args.model, args.tp, args.pp, args.schedule, args.chunk_size, args.max_new_tokens, ids,
                            args.temperature, args.top_k, args.top_p, args.seed, args.dtype, args.timeout,
                            stream=not args.json, eos_token_id=model.config.get("eos_token_id")
-                           if isinstance(model.config.get("eos_token_id"), int) else None)
+                           if isinstance(model.config.get("eos_token_id"), int) else None,
+                           cached_prefix=args.cached_prefix)
 
 
 def _tokenizer(args):
@@ -115,7 +122,8 @@ def _tokenizer(args):
     has_file = os.path.isdir(args.model) and os.path.isfile(os.path.join(args.model, "tokenizer.json"))
     if not has_file:
         if wants_text:
-            raise UsageError(f"--prompt needs a tokenizer, and {args.model} has no tokenizer.json "
+            flag = "--prompt" if args.prompt is not None else "--prompt-file"
+            raise UsageError(f"{flag} needs a tokenizer, and {args.model} has no tokenizer.json "
                              f"(give --seq-len for random token ids)")
         return None
     from vpp.models.tokenizer import load_tokenizer
@@ -137,17 +145,16 @@ def _worker(rank: int, world: int, job: GenerateJob, has_tokenizer: bool):
     setup_logging()
     import torch
 
-    from vpp.bench.prefill import layout_for
     from vpp.models.registry import open_model
     from vpp.parallel import initialize_model_parallel
     from vpp.runtime import Pipeline, Sampler, profile_planner
 
     groups = initialize_model_parallel(job.tp, job.pp)
-    model = open_model(job.model, dtype=job.dtype)
-    stages = model.stages(layout_for(model, job.schedule, job.pp), groups)
+    model = open_model(job.model, dtype=job.dtype, device_kind=groups.accelerator.kind)
+    stages = model.stages(model.layout_for(job.schedule, job.pp), groups)
     pipe = Pipeline(stages, groups, timeout_s=job.timeout_s)
     chunking = job.chunk_size
-    if job.schedule == "dcpp":
+    if strategies.get(job.schedule).chunking == "dcpp":
         chunking = profile_planner(stages, groups, job.chunk_size).chunk_sizes
     show = None
     if job.stream and groups.global_rank == 0:
@@ -158,9 +165,12 @@ def _worker(rank: int, world: int, job: GenerateJob, has_tokenizer: bool):
         show = _streamer(tokenizer)
     holds_first = any(s.is_first for s in stages)
     ids = torch.tensor(job.prompt_ids, dtype=torch.long)
+    if job.cached_prefix:  # the prefix's caches stay in the stages under request 0, the id generate uses
+        pipe.prefill(ids[:job.cached_prefix] if holds_first else None, chunking, schedule=job.schedule,
+                     decode_room=len(job.prompt_ids) - job.cached_prefix + job.max_new_tokens - 1)
     gen = pipe.generate(ids if holds_first else None, job.max_new_tokens, chunking, schedule=job.schedule,
                         sampler=Sampler(job.temperature, job.top_k, job.top_p, job.seed),
-                        eos_token_id=job.eos_token_id, on_tokens=show)
+                        eos_token_id=job.eos_token_id, on_tokens=show, cached_tokens=job.cached_prefix)
     return gen if groups.global_rank == 0 else None
 
 

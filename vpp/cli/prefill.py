@@ -1,4 +1,6 @@
-"""``vpp prefill``: run prefill schedules on real ranks and print one row per schedule.
+"""``vpp prefill``: run prefill schedules on real ranks and print one row per schedule, then one line on
+why the fastest V schedule beat CPP or did not (its TTFT over CPP's per round, the bubble each left,
+and how many layers of the last chunk run alone at the end).
 
 Without torchrun it spawns ``tp * pp`` ranks on this machine: one accelerator each where it has enough
 (NCCL/HCCL), else CPU ranks (gloo, one thread each by default); ``--device`` chooses. Under torchrun
@@ -16,16 +18,25 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 
-from vpp.cli.args import (UsageError, nonnegative_float, positive_float, positive_int, writable_file,
-                          writable_files_in)
+from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int,
+                          writable_file, writable_files_in)
 from vpp.cli.checks import check_devices, open_checked
 from vpp.cli.memory_check import check_memory, check_positions
-from vpp.cli.output import progress_bar, setup_logging
+from vpp.cli.terminal import progress_bar, setup_logging
 from vpp.plan import strategies
+from vpp.plan.dcpp import DEFAULT_VARIANT, VARIANTS
 
+# The defaults show the effect on a 2-core machine in about two minutes: tiny-deepseek, 8192 random
+# tokens in 4 chunks of 2048, 5 interleaved rounds. With tau_k linear in k, the V's gain over CPP is
+# its shorter drain and fill, (tau_{N-1} - tau_0) / 2 of S + tau_{N-1} (vpp.plan.drain_balance), so it
+# is largest at few chunks whose cost grows most with the prefix: the cost model gives VPP-Async
+# 0.882 of CPP's makespan at 4 chunks of 2048, 0.903 at 8 of 1024 and 0.937 at 16 of 1024.
 DEFAULT_SEQ_LEN = 8192
+DEFAULT_CHUNK = 2048
+DEFAULT_ROUNDS = 5
 # --check tolerance. The pipelined run and the unpipelined reference compute the same products in
 # another order (chunked attention against a cached prefix, TP partial sums). In float32 logits then
 # differ by ~1e-6: 1e-3 is absolute. In 16-bit dtypes every activation is rounded to 8 (bf16) or 11
@@ -46,25 +57,38 @@ def check_tolerance(dtype: str, reference_max_abs: float) -> float:
 def add_arguments(p) -> None:
     p.add_argument("--model", default="tiny-deepseek",
                    help="tiny-deepseek | tiny-qwen | tiny-glm | toy | a model directory (config.json + safetensors)")
-    p.add_argument("--tp", type=positive_int, default=1)
-    p.add_argument("--pp", type=positive_int, default=2)
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks per pipeline stage")
+    p.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks (tp * pp ranks in all)")
     p.add_argument("--seq-len", type=positive_int, default=None,
-                   help="prompt tokens (default 8192 random ids; with --prompt-file the text repeated to this length, "
+                   help=f"prompt tokens (default {DEFAULT_SEQ_LEN} random ids; with --prompt-file the text repeated to this length, "
                         "else the text's own length)")
     p.add_argument("--prompt-file", metavar="FILE",
-                   help="a text prompt, tokenized with the model directory's tokenizer.json (pip install vpp-prefill[text])")
-    p.add_argument("--chunk-size", type=positive_int, default=1024)
+                   help="a text prompt, tokenized with the model directory's tokenizer.json (pip install -e '.[text]' in a clone)")
+    p.add_argument("--chunk-size", type=positive_int, default=DEFAULT_CHUNK,
+                   help="tokens per chunk (DCPP: its token budget)")
     p.add_argument("--schedule", default="cpp,vpp,vpp-async",
                    help=f"comma-separated, from: {', '.join(strategies.PLANNED)}")
+    p.add_argument("--cached-prefix", type=nonnegative_int, default=0, metavar="N",
+                   help="the first N prompt tokens are prefilled untimed first (their caches stay), then the "
+                        "rest is timed as a prompt with a cached prefix")
+    p.add_argument("--dcpp-mode", default=DEFAULT_VARIANT, choices=VARIANTS,
+                   help="--schedule dcpp: the engine (and commit) whose planner to reproduce, see vpp.plan.dcpp")
+    p.add_argument("--dcpp-min-chunk", type=positive_int, default=None,
+                   help="--schedule dcpp: floor on a chunk (default: the mode's, e.g. vLLM-Ascend 4096 clamped "
+                        "to the budget, which leaves no room to shrink below a 4096-token budget)")
     p.add_argument("--folds", type=positive_int, default=1, help="folds of the V (2*folds stages per rank)")
     p.add_argument("--partition", default="rank", choices=("rank", "even"),
-                   help="layers per stage: balanced per rank on the cost model, or even")
-    p.add_argument("--repeat", type=positive_int, default=3)
-    p.add_argument("--no-warmup", action="store_true")
+                   help="layers per stage: balanced per rank on the cost model (among ties, the fastest for the "
+                        "schedule over the whole prompt, simulated), or even")
+    p.add_argument("--repeat", type=positive_int, default=DEFAULT_ROUNDS,
+                   help="rounds, each running every schedule once, interleaved")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each schedule")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="auto: a model directory's config torch_dtype, float32 for the built-in models")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--moe-dispatch", default="allreduce", choices=("allreduce", "alltoall"))
+                   help="auto: a model directory's config torch_dtype, float32 for the built-in models; "
+                        "16 bits (bf16) on an accelerator")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt")
+    p.add_argument("--moe-dispatch", default="allreduce", choices=("allreduce", "alltoall"),
+                   help="how MoE tokens reach their experts across expert-parallel ranks")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per spawned rank")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"),
                    help="one device per rank; auto: this machine's accelerator if it has one, else CPU")
@@ -77,7 +101,7 @@ def add_arguments(p) -> None:
     p.add_argument("--save-logits", metavar="FILE", help="write prompt ids and last-token logits (safetensors)")
     p.add_argument("--trace", metavar="DIR", help="write Chrome traces and PNG timelines")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
 
 def check(args) -> None:
@@ -103,9 +127,12 @@ def check(args) -> None:
     args.seq_len = len(args.prompt) if args.prompt is not None else args.seq_len or DEFAULT_SEQ_LEN
     what = f"the prompt of --prompt-file {args.prompt_file}" if args.prompt is not None else f"--seq-len {args.seq_len}"
     check_positions(model.config, args.seq_len, what)
+    if args.cached_prefix >= args.seq_len:
+        raise UsageError(f"--cached-prefix {args.cached_prefix} leaves nothing to prefill of a {args.seq_len}-token "
+                         f"prompt")
     checked = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
                            chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
-    from vpp.bench.prefill import layout_for
+    from vpp.bench.prefill_rounds import layout_for
     layouts = {s: layout_for(checked, s, args.pp, args.folds, chunk=args.chunk_size, seq_len=args.seq_len,
                              partition=args.partition) for s in args.schedules}
     args.memory_plan = check_memory(model, layouts, tp=args.tp, tokens=args.seq_len, chunk=args.chunk_size,
@@ -118,19 +145,20 @@ def check(args) -> None:
 
 
 def _config(args):
-    from vpp.bench.prefill import BenchConfig
+    from vpp.bench.prefill_rounds import BenchConfig
     return BenchConfig(model=args.model, tp=args.tp, pp=args.pp, seq_len=args.seq_len, chunk_size=args.chunk_size,
                        schedules=args.schedules, folds=args.folds, partition=args.partition, repeat=args.repeat,
                        warmup=not args.no_warmup, dtype=args.run_dtype, seed=args.seed,
                        moe_dispatch=args.moe_dispatch, timeout_s=args.timeout, check=args.check,
                        trace_dir=args.trace, save_logits=args.save_logits, prompt=args.prompt,
-                       progress=None if args.no_progress else progress_bar)
+                       progress=None if args.no_progress else progress_bar, cached_prefix=args.cached_prefix,
+                       dcpp_mode=args.dcpp_mode, dcpp_min_chunk=args.dcpp_min_chunk)
 
 
 def _worker(rank: int, world: int, cfg):
     setup_logging()
     from vpp.parallel import initialize_model_parallel
-    from vpp.bench.prefill import run_bench
+    from vpp.bench.prefill_rounds import run_bench
     groups = initialize_model_parallel(cfg.tp, cfg.pp)
     rows, facts = run_bench(groups, cfg)
     if groups.global_rank != 0:
@@ -169,7 +197,7 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float, memory_plan: dict | 
         out = {"config": {k: v for k, v in vars(cfg).items() if k != "progress"}, "transfer_s": facts["transfer_s"],
                "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
                "atol": atol if cfg.check else None, "memory_method": facts.get("memory_method"),
-               "memory": _memory_json(rows, memory_plan)}
+               "why": why_line(rows, facts), "memory": _memory_json(rows, memory_plan)}
         print(json.dumps(out, indent=2, default=str), flush=True)
     else:
         print(_table(rows, facts, cfg), flush=True)
@@ -181,6 +209,9 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float, memory_plan: dict | 
         # serialised here, written beside the target and renamed over it only if it is a regular file
         write_bytes(cfg.save_logits, save(tensors, metadata={"model": cfg.model, "chunk_size": str(cfg.chunk_size)}),
                     option="--save-logits")
+        facts.setdefault("written", []).append(cfg.save_logits)
+    if facts.get("written"):
+        print("wrote " + ", ".join(facts["written"]), file=sys.stderr)
     if failed:
         hint = ""
         if cfg.dtype in CHECK_RTOL:
@@ -211,6 +242,32 @@ def _memory_json(rows, plans: dict | None) -> dict:
     return out
 
 
+def why_line(rows, facts) -> str | None:
+    """One line on the fastest V schedule against CPP: its TTFT as a fraction of CPP's (per round, then
+    the median and range over rounds), the bubble each left (median idle share of the ranks' time),
+    and how much of the last chunk runs alone at the end (the drain): the last stage's layers."""
+    by = {r.schedule: r for r in rows if r.ttft}
+    vs = [r for r in by.values() if strategies.get(r.schedule).layout == "v"]
+    if "cpp" not in by or not vs:
+        return None
+    cpp = by["cpp"]
+    best = min(vs, key=lambda r: r.stats("ttft")[0])
+    ratios = [t / c for t, c in zip(best.ttft, cpp.ttft)]
+    med, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
+    label = strategies.get(best.schedule).label
+    verdict = "faster" if hi < 1 else "not faster every round" if lo < 1 else "not faster"
+    text = f"why {label} is {verdict}: TTFT {med:.3f} x CPP's [{lo:.3f}-{hi:.3f}] (per round)"
+    if best.bubble_ratio and cpp.bubble_ratio:
+        text += (f"; it left {best.stats('bubble_ratio')[0]:.1%} of the ranks' time idle (bubble) vs CPP's "
+                 f"{cpp.stats('bubble_ratio')[0]:.1%}")
+    parts = facts.get("partitions", {})
+    if best.schedule in parts and "cpp" in parts:
+        v_last, cpp_last = parts[best.schedule][-1], parts["cpp"][-1]
+        text += (f"; the last chunk ends on one rank alone, {v_last} layer{'s' * (v_last > 1)} (the V's last "
+                 f"stage) vs CPP's {cpp_last}")
+    return text
+
+
 def _row_dict(r) -> dict:
     keys = ("ttft", "makespan", "bubble_ratio", "exposed", "speedup", "sim_makespan", "sim_bubble_ratio",
             "overhead_per_action_us")
@@ -224,6 +281,8 @@ def _row_dict(r) -> dict:
 def _table(rows, facts, cfg) -> str:
     head = (f"model={cfg.model} dtype={cfg.dtype} tp={cfg.tp} pp={cfg.pp} seq_len={cfg.seq_len} chunk={cfg.chunk_size} "
             f"repeat={cfg.repeat} (median [min-max]); transfer of one chunk {facts['transfer_s'] * 1e3:.2f} ms")
+    if cfg.cached_prefix:
+        head += f"; the first {cfg.cached_prefix} tokens cached (prefilled untimed), the rest timed"
     cols = ["schedule", "TTFT s", "makespan s", "bubble %", "exposed comm s", "speed-up vs cpp",
             "sim makespan s", "sim bubble %", "overhead us/action"]
     if cfg.check:
@@ -236,8 +295,19 @@ def _table(rows, facts, cfg) -> str:
         if cfg.check:
             cells.append(f"{r.max_abs_diff:.2e}" if r.max_abs_diff is not None else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    why = why_line(rows, facts)
+    if why:
+        lines.append(why)
     if any(r.memory for r in rows):
         lines.append(f"peak memory per rank, MiB ({facts.get('memory_method')}): " + "; ".join(
-            f"{r.schedule} " + " ".join(f"r{m['rank']}={m.get('peak_bytes', 0) / 2**20:.0f}" for m in r.memory)
-            for r in rows))
+            f"{r.schedule} " + " ".join(f"r{m['rank']}={_mib(m)}" for m in r.memory) for r in rows))
+    if "cpp" in cfg.schedules:
+        lines.append("speed-up vs cpp = CPP's TTFT / this schedule's TTFT within each round, median [min-max] over "
+                     "rounds (> 1: faster than CPP); bubble % = idle / (ranks x makespan)")
     return "\n".join(lines)
+
+
+def _mib(m: dict) -> str:
+    """Peak allocated MiB, with the allocator's reserved peak after a slash where it differs (devices)."""
+    alloc, reserved = m.get("peak_bytes", 0) / 2**20, m.get("peak_reserved_bytes", 0) / 2**20
+    return f"{alloc:.0f}" if round(reserved) in (0, round(alloc)) else f"{alloc:.0f}/{reserved:.0f}"

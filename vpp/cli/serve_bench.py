@@ -10,25 +10,34 @@ import math
 from vpp.cli.args import UsageError, int_list, positive_float, positive_int
 from vpp.cli.checks import open_checked
 from vpp.cli.memory_check import check_memory, check_positions
-from vpp.cli.output import setup_logging
+from vpp.cli.terminal import setup_logging
 from vpp.plan import strategies
+from vpp.plan.dcpp import DEFAULT_VARIANT, VARIANTS
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default="tiny-deepseek")
-    p.add_argument("--pp", type=positive_int, default=2)
-    p.add_argument("--workload", default="long", choices=("long", "mixed", "short"))
+    p.add_argument("--model", default="tiny-deepseek", help="tiny-deepseek | tiny-qwen | tiny-glm | toy | a model directory")
+    p.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks")
+    p.add_argument("--workload", default="long", choices=("long", "mixed", "short"),
+                   help="the paper's request streams (Sec. 6.1), scaled down")
     p.add_argument("--scale", type=positive_float, default=64, help="paper token counts are divided by this")
     p.add_argument("--n", type=positive_int, help="number of requests (mixed: 24, short: 12)")
     p.add_argument("--concurrency", type=positive_int, help="requests in flight (long: 1, mixed: 4, short: all)")
     p.add_argument("--lengths", type=int_list, help="long workload: comma-separated paper-scale lengths (default 64K..1M)")
-    p.add_argument("--chunk-size", type=positive_int, default=512)
-    p.add_argument("--contenders", default=",".join(strategies.CONTENDERS))
-    p.add_argument("--repeat", type=positive_int, default=3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chunk-size", type=positive_int, default=512, help="tokens per chunk (DCPP: its token budget)")
+    p.add_argument("--contenders", default=",".join(strategies.CONTENDERS), help="comma-separated strategies to run")
+    p.add_argument("--repeat", type=positive_int, default=3, help="rounds; each runs every contender once, interleaved")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and arrivals")
     p.add_argument("--timeout", type=positive_float, default=1800.0,
                    help="seconds before a stuck rank fails the run (also the process group's timeout)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--dcpp-mode", default=DEFAULT_VARIANT, choices=VARIANTS,
+                   help="DCPP planner: the engine (and commit) it reproduces, see vpp.plan.dcpp")
+    p.add_argument("--dcpp-min-chunk", type=positive_int, default=None,
+                   help="DCPP floor on a chunk (default: the mode's, e.g. vLLM-Ascend 4096 clamped to the budget)")
+    p.add_argument("--shared-budget", action="store_true",
+                   help="one token budget per step shared by the requests (vLLM's batch): a request's tail and "
+                        "the next one's first chunk fill a step together")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def check(args) -> None:
@@ -39,7 +48,9 @@ def check(args) -> None:
         raise UsageError(f"--contenders: {exc}") from None
     args.cfg = StreamConfig(model=args.model, pp=args.pp, workload=args.workload, scale=args.scale, n=args.n,
                             concurrency=args.concurrency, lengths=args.lengths, chunk_size=args.chunk_size,
-                            contenders=contenders, repeat=args.repeat, seed=args.seed, timeout_s=args.timeout)
+                            contenders=contenders, repeat=args.repeat, seed=args.seed, timeout_s=args.timeout,
+                            dcpp_mode=args.dcpp_mode, dcpp_min_chunk=args.dcpp_min_chunk,
+                            shared_budget=args.shared_budget)
     lengths = make_workload(args.cfg).lengths
     if "gpipe" in contenders and any(n % args.chunk_size for n in lengths):
         raise UsageError(f"--contenders gpipe needs prompt lengths that are multiples of --chunk-size "
@@ -48,7 +59,7 @@ def check(args) -> None:
     schedules = [c for c in contenders if c != "gpipe"] or ["cpp"]
     model = open_checked(args.model, tp=1, pp=args.pp, schedules=schedules)
     check_positions(model.config, max(lengths), f"the longest prompt of the {args.workload} workload")
-    from vpp.bench.prefill import layout_for
+    from vpp.bench.prefill_rounds import layout_for
     check_memory(model, {s: layout_for(model, s, args.pp) for s in schedules}, tp=1, tokens=max(lengths),
                  chunk=args.chunk_size)
 
@@ -86,10 +97,14 @@ def format_rows(rows, facts, cfg) -> str:
     head = (f"{cfg.model}, pp={cfg.pp}, workload {facts['workload']} (scale 1/{cfg.scale:g}): "
             f"{len(facts['lengths'])} requests, {sum(facts['lengths'])} tokens, concurrency {facts['concurrency']}, "
             f"chunk {cfg.chunk_size}; median [min-max] of {cfg.repeat} interleaved rounds")
-    cols = ["strategy", "makespan s", "throughput tok/s", "TTFT median s", "TTFT p90 s", "bubble %", "speed-up vs cpp"]
+    if cfg.shared_budget:
+        head += "; one token budget per step shared by the requests"
+    cols = ["strategy", "makespan s", "throughput tok/s", "TTFT median s", "TTFT p90 s", "bubble %", "speed-up vs cpp",
+            "trace makespan s", "simulated replay s"]
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join([r.name, _fmt(r.stats("makespan")), _fmt(r.stats("throughput"), digits=0),
                                         _fmt(r.stats("ttft_median")), _fmt(r.stats("ttft_p90")),
-                                        _fmt(r.stats("bubble_ratio"), 100, 1), _fmt(r.stats("speedup"), digits=3)]) + " |")
+                                        _fmt(r.stats("bubble_ratio"), 100, 1), _fmt(r.stats("speedup"), digits=3),
+                                        _fmt(r.stats("trace_makespan")), _fmt(r.stats("sim_makespan"))]) + " |")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ import argparse
 import json
 
 from vpp.cli.args import (UsageError, check_chunk_count, nonnegative_int, positive_float, positive_int)
+from vpp.plan.dcpp import DEFAULT_VARIANT, VARIANTS
 
 WORKLOADS = ("long", "short", "mixed")
 
@@ -38,7 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--folds", type=positive_int, default=1, help="folds of the V")
     parser.add_argument("--layers", type=positive_int, default=8, help="model layers")
     parser.add_argument("--chunk-size", type=positive_int, default=1024, help="chunk size (DCPP: budget), scaled tokens")
-    parser.add_argument("--dcpp", default="vllm-ascend", choices=("vllm-ascend", "sglang"), help="DCPP planner")
+    parser.add_argument("--dcpp-mode", "--dcpp", dest="dcpp", default=DEFAULT_VARIANT, choices=VARIANTS,
+                        help="DCPP planner: the engine (and commit) it reproduces, see vpp.plan.dcpp")
+    parser.add_argument("--dcpp-min-chunk", type=positive_int, default=None,
+                        help="DCPP floor on a chunk, scaled tokens (default: the mode's, e.g. vLLM-Ascend 4096 "
+                             "clamped to the budget, which leaves no room to shrink below a 4096-token budget)")
+    parser.add_argument("--shared-budget", action="store_true",
+                        help="one token budget per step shared by the requests (vLLM's batch): a request's tail "
+                             "and the next one's first chunk fill a step together")
     parser.add_argument("--strategies", nargs="+", default=None, help="subset of cpp dcpp vpp vpp-async vpp-packed (and the variants cpp-async dcpp-async vpp-async-pipelined)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -79,7 +87,8 @@ def run(args) -> int:
     strategies = args.strategy_names
     workload = args.workload_obj
     setup = StreamSetup(pp=args.pp, layers=args.layers, folds=args.folds, chunk_size=args.chunk_size,
-                        dcpp_variant=args.dcpp)
+                        dcpp_variant=args.dcpp, dcpp_min_chunk=args.dcpp_min_chunk,
+                        shared_budget=args.shared_budget)
     rows = compare(setup, workload, strategies)
     if args.json:
         out = {"workload": workload.describe(), "setup": {"pp": args.pp, "folds": args.folds, "layers": args.layers,

@@ -8,7 +8,7 @@ Example::
 
 CPP runs a loop layout (one stage per rank) of the same layers; VPP and VPP-Async run ``--layout``.
 The linear cost is the paper's Eq. 2 per layer (``--t`` seconds per layer for the first chunk, growing
-by ``--t`` per chunk of prefix); the flops cost is :class:`~vpp.schedules.cost.FlopCost` with a
+by ``--t`` per chunk of prefix); the flops cost is :class:`~vpp.plan.cost.FlopCost` with a
 generic 7B-class dense layer. Transfers move ``--hidden`` bf16 values per token over ``--bandwidth``.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from vpp.cli.args import (UsageError, check_chunk_count, fraction, nonnegative_int, positive_float, positive_int,
                           writable_files_in)
@@ -84,10 +85,11 @@ def run(args) -> int:
              "VPP-Async": build_vpp_async(vpp_layout, requests)}
     traces = {name: simulate(plan, _cost(args, plan.layout)) for name, plan in plans.items()}
     summaries = {name: summarize(tr) for name, tr in traces.items()}
+    written: list[str] = []
     for folder, write in ((args.trace_dir, _write_traces), (args.png_dir, _write_pngs)):
         if folder:
             os.makedirs(folder, exist_ok=True)
-            write(folder, traces)
+            written += write(folder, traces)
     if args.json:
         print(summaries_json(summaries, layout=vpp_layout.describe(), requests=[q.chunk_sizes for q in requests],
                              cost=args.cost))
@@ -95,15 +97,23 @@ def run(args) -> int:
         print(f"{vpp_layout.describe()}\n{len(requests)} request(s), chunks of {args.chunk_size} tokens, "
               f"{args.cost} cost\n")
         print(format_summaries(summaries))
+    if written:
+        print("wrote " + ", ".join(written), file=sys.stderr)
     return 0
 
 
-def _write_traces(folder: str, traces: dict) -> None:
+def _write_traces(folder: str, traces: dict) -> list[str]:
+    written = []
     for name, tr in traces.items():
-        tr.save(os.path.join(folder, f"{name.lower()}.trace.json"))
-        tr.to_chrome(os.path.join(folder, f"{name.lower()}.chrome.json"))
+        for path, write in ((f"{name.lower()}.trace.json", tr.save), (f"{name.lower()}.chrome.json", tr.to_chrome)):
+            write(os.path.join(folder, path))
+            written.append(os.path.join(folder, path))
+    return written
 
 
-def _write_pngs(folder: str, traces: dict) -> None:
+def _write_pngs(folder: str, traces: dict) -> list[str]:
+    written = []
     for name, tr in traces.items():
         tr.plot(os.path.join(folder, f"{name.lower()}.png"), title=name)
+        written.append(os.path.join(folder, f"{name.lower()}.png"))
+    return written

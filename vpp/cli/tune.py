@@ -26,10 +26,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", default="910c", help="910c, h100, h200 or cpu")
     parser.add_argument("--calibration", default=None, help="calibration JSON for --device cpu (vpp calibrate)")
     parser.add_argument("--length", type=positive_int, default=524288, help="prompt tokens")
-    parser.add_argument("--tp", type=positive_int, default=8)
-    parser.add_argument("--pp", type=positive_int, default=2)
+    parser.add_argument("--tp", type=positive_int, default=8, help="tensor-parallel degree of the deployment")
+    parser.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks of the deployment")
     parser.add_argument("--chunks", type=int_list, default=PAPER_CHUNKS, help="comma-separated budgets")
-    parser.add_argument("--max-folds", type=positive_int, default=2)
+    parser.add_argument("--max-folds", type=positive_int, default=2, help="largest number of V folds tried")
     parser.add_argument("--top", type=positive_int, default=10, help="rows to print")
     parser.add_argument("--fit-paper", action="store_true", help="fit eff_attn/eff_link/host_step on the paper's rows")
     parser.add_argument("--no-cp", action="store_true", help="do not regroup the devices for context parallelism")
@@ -65,7 +65,8 @@ def run(args) -> int:
               f"{r.candidate.describe()}")
     if any(not r.fits for r in ranked[: args.top]):
         print(f"!: exceeds the device's {device.mem_bytes / 1e9:.0f} GB")
-    print(f"paper's best configuration: {base.ttft:.3f} s ({base.candidate.describe()})")
+    print(f"paper's best configuration: {base.ttft:.3f} s ({base.candidate.describe()}); "
+          f"vs paper = how much lower this row's TTFT is than that one's, in %")
     if args.json:
         write_text(args.json, json.dumps({"paper_best": {"ttft": base.ttft, "config": base.candidate.describe()},
                        "ranked": [{"ttft": r.ttft, "bubble_ratio": r.bubble_ratio, "chunks": r.chunks,

@@ -8,11 +8,11 @@ import torch
 from torch import nn
 
 from vpp.config import Config, num_experts, shared_intermediate_size
-from vpp.parallel.attention import Chunk
-from vpp.parallel.basic import RMSNorm
+from vpp.transformer.attention import Chunk
+from vpp.transformer.basic import RMSNorm
 from vpp.parallel.groups import ParallelGroups
-from vpp.parallel.mlp import DenseMLP
-from vpp.parallel.moe import MoE, MoEConfig
+from vpp.transformer.mlp import DenseMLP
+from vpp.transformer.moe import MoE, MoEConfig
 
 Shapes = dict[str, tuple[int, ...]]
 

@@ -23,7 +23,7 @@ from vpp.models.checkpoint import (
 )
 from vpp.models.safetensors_files import CheckpointError
 from vpp.models.stage import Stage
-from vpp.parallel.attention import RotaryEmbedding
+from vpp.transformer.attention import RotaryEmbedding
 from vpp.parallel.groups import ParallelGroups
 from vpp.parallel.sharding import ReadSlice, Shard, SliceLoader, shard_spec_of
 

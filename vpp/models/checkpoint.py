@@ -4,7 +4,7 @@ slices of them, that its stage, TP shard and experts need), random weights, and 
 A *weight source* maps a checkpoint name to the full, unsharded tensor (``source(name)``) and can
 read just a shard of it (``source.read(name, shard)``): :class:`SafetensorsCheckpoint` reads slices
 from disk with ``safe_open(...).get_slice`` (dequantizing FP8 block-quantized weights slice by
-slice); any plain ``Callable[[str], Tensor]`` (such as :func:`random_checkpoint`) narrows the full
+slice); any plain ``Callable[[str], Tensor]`` (such as :func:`~vpp.models.build.random_checkpoint`) narrows the full
 tensor.
 """
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from vpp.config import DSA_TYPES, Config
 from vpp.models.blocks import DecoderLayer, Shapes, build_mlp, mlp_tensors, norm_tensors
-from vpp.parallel.attention import DSASpec, MLASpec, MLAttention, RopeSpec
+from vpp.transformer.attention import DSASpec, MLASpec, MLAttention, RopeSpec
 from vpp.parallel.groups import ParallelGroups
 
 MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")

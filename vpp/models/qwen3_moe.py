@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vpp.config import Config
 from vpp.models.blocks import DecoderLayer, Shapes, build_mlp, mlp_tensors, norm_tensors
-from vpp.parallel.attention import GQAttention, RopeSpec
+from vpp.transformer.attention import GQAttention, RopeSpec
 from vpp.parallel.groups import ParallelGroups
 
 MODEL_TYPES = ("qwen3_moe",)

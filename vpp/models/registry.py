@@ -3,7 +3,9 @@ model directory. One place that the CLI, the examples and the benchmarks share.
 
 dtype: ``"auto"`` runs a model directory in the dtype its config declares (``torch_dtype``: bf16 for
 the DeepSeek, GLM and Qwen releases; FP8 block-quantized weights are dequantized into it) and the
-built-in models in float32; a torch dtype (or its name) overrides it."""
+built-in models in float32 on CPU; on an accelerator (CUDA, NPU) "auto" is always 16 bits: the config's
+bf16/fp16, else bf16 (the grouped expert GEMMs and flash attention kernels run in 16 bits only). A
+torch dtype (or its name) overrides it."""
 
 from __future__ import annotations
 
@@ -41,6 +43,12 @@ class ModelSource:
         partition = snap_partition(self.num_layers, n_stages, self.stage_starts)
         return make_layout(kind, self.num_layers, pp, folds=folds, partition=partition)
 
+    def layout_for(self, schedule: str, pp: int, folds: int = 1):
+        """The layout the strategy ``schedule`` runs on (its kind, :mod:`vpp.plan.strategies`), as even
+        as :meth:`layout` makes it."""
+        from vpp.plan import strategies
+        return self.layout(strategies.get(schedule).layout, pp, folds)
+
     def stages(self, layout, groups: ParallelGroups) -> list[torch.nn.Module]:
         """This pipeline rank's stage modules for ``layout`` (a :class:`vpp.schedules.Layout`), in stage order."""
         return [self.build(layout.stage_layers[s], groups) for s in layout.stages_of(groups.pp.rank)]
@@ -60,18 +68,22 @@ class ModelSource:
                 build_stage(self.config, layout.stage_layers[s], groups, device="meta")
 
 
-def resolve_dtype(spec: str, dtype: torch.dtype | str = "auto") -> torch.dtype:
-    """The dtype ``spec`` runs in: ``dtype`` itself, or for ``"auto"`` the model directory's config
-    dtype (float32 when it declares none, and for the built-in models)."""
+def resolve_dtype(spec: str, dtype: torch.dtype | str = "auto", *, device_kind: str = "cpu") -> torch.dtype:
+    """The dtype ``spec`` runs in on a ``device_kind`` device: ``dtype`` itself, or for ``"auto"`` the
+    model directory's config dtype (float32 when it declares none, and for the built-in models), made
+    16-bit on an accelerator (see the module docstring)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype != "auto":
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} is not one of auto, {', '.join(DTYPES)}")
         return getattr(torch, dtype)
-    if spec in BUILTIN or not os.path.isdir(spec):
-        return torch.float32
-    return getattr(torch, config_dtype(model_config(spec), os.path.join(spec, "config.json")) or "float32")
+    declared = None
+    if spec not in BUILTIN and os.path.isdir(spec):
+        declared = config_dtype(model_config(spec), os.path.join(spec, "config.json"))
+    if device_kind != "cpu":
+        return getattr(torch, declared if declared in ("bfloat16", "float16") else "bfloat16")
+    return getattr(torch, declared or "float32")
 
 
 def check_model(spec: str, *, dtype: torch.dtype | str = "auto") -> None:
@@ -87,10 +99,10 @@ def check_model(spec: str, *, dtype: torch.dtype | str = "auto") -> None:
 
 
 def open_model(spec: str, *, dtype: torch.dtype | str = "auto", seed: int = 0,
-               moe_dispatch: str = "allreduce") -> ModelSource:
+               moe_dispatch: str = "allreduce", device_kind: str = "cpu") -> ModelSource:
     """``spec`` is one of :data:`BUILTIN` or a model directory (config.json + safetensors); ``dtype``
-    as :func:`resolve_dtype` (``ModelSource.dtype`` is the one chosen)."""
-    dtype = resolve_dtype(spec, dtype)
+    as :func:`resolve_dtype` on a ``device_kind`` device (``ModelSource.dtype`` is the one chosen)."""
+    dtype = resolve_dtype(spec, dtype, device_kind=device_kind)
     if spec == "toy":
         from vpp.models.toy import ToyStage
         n = 8

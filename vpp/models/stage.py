@@ -14,7 +14,7 @@ is a chunk of one token); several requests may be in flight at once, each with i
 caches for ``tokens`` tokens in all before its first chunk (the executor calls it with the prompt
 length; a decoder calls it with prompt + new tokens first), so they are allocated once.
 
-Caches live in the attention modules, one :class:`~vpp.parallel.attention.RequestCache` per layer
+Caches live in the attention modules, one :class:`~vpp.transformer.attention.RequestCache` per layer
 keyed by request (GQA: post-RoPE K/V; MLA: the compressed latent; DSA adds the indexer keys); the
 stage only walks them. Rotary tables are computed once per call and shared by its layers.
 
@@ -29,8 +29,8 @@ from typing import Hashable
 import torch
 from torch import nn
 
-from vpp.parallel.attention import Batch, Chunk, RotaryEmbedding
-from vpp.parallel.basic import RMSNorm
+from vpp.transformer.attention import Batch, Chunk, RotaryEmbedding
+from vpp.transformer.basic import RMSNorm
 from vpp.parallel.groups import ParallelGroups
 from vpp.parallel.layers import ParallelLMHead, VocabParallelEmbedding
 

@@ -1,5 +1,5 @@
 """Text in and out: a checkpoint's own tokenizer (``tokenizer.json``, read by the ``tokenizers``
-library: the optional extra ``pip install vpp-prefill[text]``).
+library: the optional extra ``pip install -e '.[text]' in a clone``).
 
 :func:`load_tokenizer` opens it; :class:`TextTokenizer` encodes and decodes; :func:`text_prompt` turns
 a text into a prompt of token ids, repeating the text to reach a requested length (benchmarks
@@ -56,7 +56,7 @@ def load_tokenizer(model: str | Path) -> TextTokenizer:
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise TokenizerError(f"{file}: text prompts need the 'tokenizers' package: pip install 'vpp-prefill[text]' "
+        raise TokenizerError(f"{file}: text prompts need the 'tokenizers' package: pip install -e '.[text]' in a clone of vpp "
                              f"(or pip install tokenizers)") from None
     try:
         return TextTokenizer(Tokenizer.from_file(str(file)), file)

@@ -12,6 +12,11 @@ Every verb returns at once when the group has one member. Pipeline point-to-poin
 non-blocking only (:func:`isend`, :func:`irecv`, :func:`exchange`): a blocking send offered to
 callers is how two ranks that both send first deadlock on gloo, so there is none. Peers are given
 as indices along the group's axis, not global ranks.
+
+Exchanges in both directions (:func:`exchange`, the point-to-point all-to-all) are fused into one
+``dist.batch_isend_irecv`` on NCCL and HCCL: there each separate ``irecv`` blocks its stream until its
+send arrives, so two ranks that each post a receive before their send to the other never start either
+send. gloo posts them separately (receives first), which cannot deadlock there.
 """
 
 from __future__ import annotations
@@ -90,19 +95,38 @@ def all_to_all(
     return _all_to_all_p2p(x, out, group, input_splits, output_splits)
 
 
+FUSED_P2P_BACKENDS = ("nccl", "hccl")
+
+
+def fuses_p2p(group: Group) -> bool:
+    """True when ``group``'s backend needs both directions of an exchange fused (NCCL, HCCL)."""
+    if group.pg is None or not dist.is_initialized():
+        return False
+    return str(dist.get_backend(group.pg)).lower() in FUSED_P2P_BACKENDS
+
+
+def _post_pairs(sends, recvs, group: Group) -> list:
+    """Post ``recvs`` ((buffer, peer) pairs) and ``sends`` ((tensor, peer) pairs): one fused
+    ``batch_isend_irecv`` on NCCL/HCCL, receives then sends one by one elsewhere. Returns the works."""
+    for _, peer in (*sends, *recvs):
+        _check_peer(peer, group)
+    if fuses_p2p(group):
+        ops = [dist.P2POp(dist.irecv, buf, group.global_rank(peer), group.pg) for buf, peer in recvs]
+        ops += [dist.P2POp(dist.isend, x.contiguous(), group.global_rank(peer), group.pg) for x, peer in sends]
+        return list(dist.batch_isend_irecv(ops)) if ops else []
+    works = [dist.irecv(buf, src=group.global_rank(peer), group=group.pg) for buf, peer in recvs]
+    works += [dist.isend(x.contiguous(), dst=group.global_rank(peer), group=group.pg) for x, peer in sends]
+    return works
+
+
 def _all_to_all_p2p(x, out, group: Group, input_splits, output_splits) -> torch.Tensor:
     sends = list(torch.split(x.contiguous(), list(input_splits)))
     recvs = list(torch.split(out, list(output_splits)))
     me = group.rank
     recvs[me].copy_(sends[me])
-    works = []
-    for peer in range(group.size):
-        if peer == me:
-            continue
-        if output_splits[peer]:
-            works.append(dist.irecv(recvs[peer], src=group.global_rank(peer), group=group.pg))
-        if input_splits[peer]:
-            works.append(dist.isend(sends[peer].contiguous(), dst=group.global_rank(peer), group=group.pg))
+    peers = [p for p in range(group.size) if p != me]
+    works = _post_pairs([(sends[p], p) for p in peers if input_splits[p]],
+                        [(recvs[p], p) for p in peers if output_splits[p]], group)
     for w in works:
         w.wait()
     return out
@@ -136,11 +160,10 @@ def exchange(
     recvs: Sequence[tuple[torch.Tensor, int]],
     group: Group,
 ) -> None:
-    """Post every receive, then every send, and wait for all: a paired transfer that cannot
-    deadlock whatever the peers' order, as long as every send has its receive."""
-    works = [irecv(buf, peer, group) for buf, peer in recvs]
-    works += [isend(x, peer, group) for x, peer in sends]
-    for w in works:
+    """Post every receive and every send (fused on NCCL/HCCL, receives first elsewhere) and wait for
+    all: a paired transfer that cannot deadlock whatever the peers' order, as long as every send has
+    its receive."""
+    for w in _post_pairs(list(sends), list(recvs), group):
         w.wait()
 
 
@@ -153,5 +176,5 @@ def _check_peer(peer: int, group: Group) -> None:
 
 __all__ = [
     "copy_to_tp", "reduce_from_tp", "gather_from_tp", "scatter_to_tp", "all_to_all", "exchange_counts",
-    "isend", "irecv", "exchange",
+    "isend", "irecv", "exchange", "fuses_p2p",
 ]

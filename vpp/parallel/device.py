@@ -17,7 +17,9 @@ guesses the device from what the machine happens to have. gloo moves CPU tensors
 support does not cover point-to-point), so gloo always means CPU here.
 
 Peak memory (:meth:`Accelerator.reset_peak_memory` / :meth:`Accelerator.peak_memory`): on CUDA and
-NPU the caching allocator's ``max_memory_allocated`` (tensors only); on CPU torch keeps no allocator
+NPU the caching allocator's ``max_memory_allocated`` (tensors only), and beside it
+:meth:`Accelerator.peak_memory_reserved`, ``max_memory_reserved`` (what the allocator holds from the
+device, its cache included; NCCL/HCCL's own buffers are outside both); on CPU torch keeps no allocator
 statistics, so it is the process's peak resident set (Linux ``VmHWM``, reset through
 ``/proc/self/clear_refs``): it includes the interpreter, the libraries and every live tensor.
 """
@@ -81,11 +83,19 @@ class Accelerator:
             return int(mod.max_memory_allocated(device))
         return _status_bytes("VmHWM")
 
+    def peak_memory_reserved(self, device: torch.device | None = None) -> int:
+        """Peak bytes the caching allocator reserved since :meth:`reset_peak_memory` (CUDA/NPU); on CPU
+        the same figure as :meth:`peak_memory`."""
+        mod = self.module()
+        if mod is not None:
+            return int(mod.max_memory_reserved(device))
+        return _status_bytes("VmHWM")
+
     @property
     def peak_memory_method(self) -> str:
         if self.kind == "cpu":
             return "process peak RSS (Linux VmHWM, reset via /proc/self/clear_refs)"
-        return f"torch.{self.kind}.max_memory_allocated (reset per run)"
+        return f"torch.{self.kind}.max_memory_allocated / max_memory_reserved where they differ (reset per run)"
 
     @property
     def device_count(self) -> int:

@@ -117,13 +117,13 @@ def initialize_model_parallel(
     local_rank: int | None = None,
 ) -> ParallelGroups:
     """Megatron-style entry point. ``torch.distributed`` must already be initialised (see
-    :func:`vpp.parallel.launch.init_distributed`). Any world size that is a multiple of tp x pp
+    :func:`vpp.parallel.spawn.init_distributed`). Any world size that is a multiple of tp x pp
     gives ``dp = world // (tp * pp)`` data-parallel replicas of the pipeline.
 
     The device follows the default process group's backend (gloo: CPU, NCCL: CUDA, HCCL: NPU), so
     stages are never placed on a device the process group cannot move; an ``accelerator`` that
     disagrees with the backend is an error. The card is ``local_rank``'s, else the current device
-    (set by :func:`init_distributed`)."""
+    (set by :func:`~vpp.parallel.spawn.init_distributed`)."""
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised; call vpp.parallel.init_distributed() first")
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -140,23 +140,7 @@ def initialize_model_parallel(
         local_rank = acc.module().current_device()
     device = acc.device(local_rank or 0)
     groups = build_groups(sizes, rank, acc, device)
-    set_default_groups(groups)
     return groups
 
 
-# --- the default object initialize_model_parallel() sets (for code that has no groups passed in) -------------------------------------
-_DEFAULT: list[ParallelGroups] = []
-
-
-def set_default_groups(groups: ParallelGroups | None) -> None:
-    _DEFAULT[:] = [] if groups is None else [groups]
-
-
-def get_default_groups() -> ParallelGroups:
-    if not _DEFAULT:
-        raise RuntimeError("no default ParallelGroups: call initialize_model_parallel() first")
-    return _DEFAULT[0]
-
-
-__all__ = ["Group", "ParallelGroups", "build_groups", "initialize_model_parallel", "coordinates", "group_of",
-           "set_default_groups", "get_default_groups"]
+__all__ = ["Group", "ParallelGroups", "build_groups", "initialize_model_parallel", "coordinates", "group_of"]

@@ -19,6 +19,12 @@ holds ``q = ceil(c / cp)`` query tokens and ``L / cp`` of the cached prefix, and
   overlaps the attention of the block before it (double buffering), so each of the ``cp - 1`` steps
   exposes ``max(0, transfer - step compute)``; ``ring="auto"`` takes the faster variant, as the paper's
   heuristic does (pass-KV for full prefill, pass-Q once the cached prefix dwarfs the new tokens);
+* the ring's synchronisation: a step's attention cannot start before the block it reads has arrived, and
+  the block's sender is the previous rank, so every step is a rendezvous of neighbours. Per step the
+  ring waits for the slowest rank (with load-balanced sharding every rank holds the same pairs in every
+  step: 2 piece-blocks of (c / 2cp)^2 each, none ragged but the last piece) and pays one message's
+  latency that no compute hides (the arrival signal of the block, ``cp_p2p`` of zero bytes), so
+  ``(cp - 1) x (latency + straggle)`` per layer is exposed (:attr:`Ring.sync`);
 * MoE: experts spread over all ``cp x tp`` devices of the stage (EP = cp x tp, so that the weights fit;
   :func:`ep_devices`); the rows routed to another CP rank's experts travel by all-to-all, there and
   back (``(cp - 1) / cp`` of the rank's ``q k / tp`` rows, booked as communication). The expert
@@ -53,14 +59,15 @@ class Ring:
     q_transfer: float
     q_return: float
     variant: str
+    sync: float = 0.0          # per ring step: the arrival signal's latency plus the wait for the slowest rank
 
     @property
     def exposed_kv(self) -> float:
-        return (self.steps - 1) * max(0.0, self.kv_transfer - self.step_compute)
+        return (self.steps - 1) * (max(0.0, self.kv_transfer - self.step_compute) + self.sync)
 
     @property
     def exposed_q(self) -> float:
-        return (self.steps - 1) * max(0.0, self.q_transfer - self.step_compute) + self.q_return
+        return (self.steps - 1) * (max(0.0, self.q_transfer - self.step_compute) + self.sync) + self.q_return
 
     @property
     def exposed(self) -> float:
@@ -74,6 +81,15 @@ class Ring:
         if self.variant != "auto":
             return self.variant
         return "pass-kv" if self.exposed_kv <= self.exposed_q else "pass-q"
+
+
+def straggle(tokens: int, cp: int, attn: float) -> float:
+    """Seconds per ring step the ring waits for its slowest rank: with ``2 cp`` pieces of ``tokens / 2cp``
+    (rounded up on all but the last), the ranks holding full pieces carry at most one piece row more than
+    the mean; the step takes the slowest rank's time, ``attn / cp`` scaled by that excess."""
+    piece = math.ceil(tokens / (2 * cp))
+    mean = tokens / (2 * cp)
+    return (attn / cp) * (piece / mean - 1.0) if mean > 0 else 0.0
 
 
 def ep_devices(par: Parallel, cp: int) -> int:
@@ -162,7 +178,7 @@ class ContextParallelCost(DeploymentCost):
         qs = dev.cp_p2p(q_block_bytes(self.arch, q, par), self.ring_bw)
         v_dim = self.arch.head_dim if self.arch.attention == "gqa" else self.arch.v_dim
         ret = dev.alltoall((cp - 1) * q * (self.arch.heads // par.tp) * (v_dim + 1) * 4, cp, self.ring_bw)
-        return Ring(cp, attn / cp, kv, qs, ret, self.ring)
+        return Ring(cp, attn / cp, kv, qs, ret, self.ring, sync=dev.cp_p2p(0.0, self.ring_bw) + straggle(tokens, cp, attn))
 
     def _layer_breakdown(self, kind: tuple, tokens: int, prefix: int) -> dict:
         if self.cp == 1:

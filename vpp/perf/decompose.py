@@ -1,8 +1,8 @@
 """The paper's Table 2 decomposition of a simulated run, as a device profiler would book it.
 
-The view of waiting, chosen before comparing with the paper and why. The paper's Tables 1 and 2 are
-device-profiler categories (Ascend profiler: Computing, Communication not overlapped, Free, and the
-overlap ratio = overlapped / all communication time). A profiler sees device tasks, not host intent:
+The view of waiting and why (how it was chosen: section 1 of benchmarks/results/paper_repro.md). The
+paper's Tables 1 and 2 are device-profiler categories (Ascend profiler: Computing, Communication not
+overlapped, Free, and the overlap ratio = overlapped / all communication time). A profiler sees device tasks, not host intent:
 a communication task occupies the device from the moment it is issued until its data has landed, and
 time with no task at all is Free. So the model books waiting by *when each plan issues its receive*:
 

@@ -1,6 +1,6 @@
 """The deployment cost model: a model's architecture on a device, split into stages by a layout.
 
-:class:`DeploymentCost` implements the simulator's cost protocol (:mod:`vpp.schedules.cost`):
+:class:`DeploymentCost` implements the simulator's cost protocol (:mod:`vpp.plan.cost`):
 
 * ``compute(stage, tokens, prefix)`` -- every op of the stage's layers (``layout.stage_layers``) for a
   chunk of ``tokens`` after ``prefix`` cached tokens, on one rank of the stage's TP group, including the
@@ -30,11 +30,12 @@ from .ops import Parallel, embed_ops, head_ops, layer_ops, pp_message_bytes
 
 class DeploymentCost:
     def __init__(self, arch: Arch, device: Device, layout, par: Parallel | None = None, *,
-                 overlap: float | None = None, sync_steps: bool = False):
+                 overlap: float | None = None, sync_steps: bool = False, sync_only: set | None = None):
         if layout.num_layers != arch.layers:
             raise ValueError(f"layout has {layout.num_layers} layers but {arch.name} has {arch.layers}")
         self.arch, self.device, self.layout = arch, device, layout
         self.sync_steps = bool(sync_steps)
+        self.sync_only = sync_only
         self.par = par or Parallel()
         self.overlap = device.pp_overlap if overlap is None else float(overlap)
         if not 0.0 <= self.overlap <= 1.0:
@@ -97,7 +98,7 @@ class DeploymentCost:
                 out[k] += v
         if self.device.step_overhead:
             out["step"] += self.device.step_overhead
-        if self.sync_steps and self.device.host_step:
+        if self.sync_steps and self.device.host_step and (self.sync_only is None or (tokens, prefix) in self.sync_only):
             out["launch_stall"] += self.device.host_step
         return dict(out)
 

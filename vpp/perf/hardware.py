@@ -118,7 +118,7 @@ class Device:
 
 
 _ASSUMED_EFF = ("assumed: typical achieved share of peak for large GEMMs (0.7) / streaming copies (0.8); "
-                "not fitted, see the sensitivity rows in benchmarks/results/paper_repro.md")
+                "not fitted, and not varied in benchmarks/results/paper_repro.md")
 
 ASCEND_910C = Device(
     name="ascend-910c-die", peak_flops=376e12, mem_bw=1.6e12, mem_bytes=64e9, link_bw=200e9,

@@ -10,7 +10,7 @@ For one rank of a prefill (and the decoding after it) on the runtime's models:
   plus rope key, DSA's index key), in the run's dtype;
 * activations -- what one compute holds at once, which depends on the chunk, not on the prompt: the
   attention workspace (MLA's expanded prefix keys and DSA's scores are computed in blocks sized to a byte
-  budget, ``vpp.parallel.attention.workspace``: 32 MiB on a CPU, 1/64 of an accelerator's memory), the
+  budget, ``vpp.transformer.attention.workspace``: 32 MiB on a CPU, 1/64 of an accelerator's memory), the
   layer's working set (:func:`vpp.perf.memory.working_set` at prefix 0: four hidden-sized buffers and the
   MLP's or the routed experts' intermediate), and ``IN_FLIGHT`` chunk outputs held as send or receive
   buffers or local hand-offs; plus the prompt's token ids (int64) on the rank that feeds stage 0.
@@ -28,7 +28,7 @@ from .arch import Arch
 from .memory import kv_bytes_per_token_layer, layer_weight_bytes, working_set
 from .ops import Parallel
 
-CPU_WORKSPACE = 32 << 20   # vpp.parallel.attention.workspace.CPU_BUDGET (perf may not import torch code)
+CPU_WORKSPACE = 32 << 20   # vpp.transformer.attention.workspace.CPU_BUDGET (perf may not import torch code)
 DEVICE_WORKSPACE_SHARE = 64
 IN_FLIGHT = 2              # chunk outputs resident at once beside the compute (a send and a receive)
 MIB = 2 ** 20

@@ -10,7 +10,14 @@ DCPP runs as vLLM-Ascend's recommended settings do: ``need_timing`` on (its defa
 calibration"), so the planner re-fits its history model from each step's measured time
 (``dcpp_online``) and the model runner synchronises the device before every timed step
 (``vllm_ascend/worker/model_runner_v1.py``: ``if need_timing: self._sync_device()``), which exposes the
-host's per-step work as device idle (``Device.host_step``, booked as launch stall). ``cp`` > 1 spreads
+host's per-step work as device idle (``Device.host_step``, booked as launch stall). ``dcpp_sync`` says
+which steps sync: ``"calibration"`` (default) the steps the planner times, i.e. while
+:attr:`vpp.plan.dcpp.DcppPlanner.timing` is on (vLLM-Ascend main switches ``need_timing`` off once its
+target is reset from three prefix-free steps and its history model is fitted over steps 5..30: a single
+long request keeps timing, and syncing, on every step; a stream of prompts stops after its calibration);
+``"every-step"`` every DCPP step (the model before issue 23). The synced steps are known by chunk shape
+``(tokens, prefix)``: in a stream of equal prompts a later step of a timed shape is charged too (an
+overestimate there). ``cp`` > 1 spreads
 every stage over that many ring-attention ranks (:class:`.cp.ContextParallelCost`).
 """
 
@@ -20,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import vpp.plan as sch
-from vpp.plan.dcpp import DcppPlanner, profiled_stages, stage_measure
+from vpp.plan.dcpp import DcppPlanner, plan_online, profiled_stages, stage_measure
 
 from .arch import Arch
 from .cp import ContextParallelCost
@@ -30,6 +37,7 @@ from .hardware import Device
 from .ops import Parallel, embed_ops, head_ops
 
 STRATEGIES = sch.strategies.PLANNED
+SYNC_MODES = ("calibration", "every-step")
 
 
 @dataclass
@@ -42,6 +50,7 @@ class Setup:
     pp: int = 2
     dcpp_variant: str = "vllm-ascend"
     dcpp_online: bool = True     # vLLM-Ascend's need_timing (default on): online re-fit and a device sync per step
+    dcpp_sync: str = "calibration"   # which DCPP steps sync: SYNC_MODES (see the module docstring)
     cp: int = 1                  # context-parallel ranks per stage (each a TP group of par.tp devices)
 
     @property
@@ -55,10 +64,15 @@ class Setup:
         """The cost model of this deployment on ``layout``; a DCPP ``strategy`` with online timing
         synchronises the device before every step (see the module docstring)."""
         sync = bool(strategy) and self.dcpp_online and sch.strategies.get(strategy).chunking == "dcpp" \
-            and self.dcpp_variant == "vllm-ascend"
+            and self.dcpp_variant != "sglang"
+        if self.dcpp_sync not in SYNC_MODES:
+            raise ValueError(f"dcpp_sync={self.dcpp_sync!r}; expected one of {SYNC_MODES}")
+        only = set() if sync and self.dcpp_sync == "calibration" else None
         if self.cp > 1:
-            return ContextParallelCost(self.arch, self.device, layout, self.par, cp=self.cp, sync_steps=sync)
-        return DeploymentCost(self.arch, self.device, layout, self.par, sync_steps=sync)
+            cost = ContextParallelCost(self.arch, self.device, layout, self.par, cp=self.cp, sync_steps=sync)
+            cost.sync_only = only
+            return cost
+        return DeploymentCost(self.arch, self.device, layout, self.par, sync_steps=sync, sync_only=only)
 
     def balanced_layout(self, kind: str, chunk: int, prefix: int, folds: int = 1):
         """A ``kind`` layout balanced per rank (:func:`vpp.plan.balance_ranks`) on this deployment's
@@ -96,21 +110,19 @@ def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None
     planner observes each chunk's time as it goes (one planner for the whole stream, as one engine
     keeps one), re-fitting its history model over the first observations."""
     stages = profiled_stages(layout, setup.dcpp_variant)
-    planner = DcppPlanner(setup.dcpp_variant, budget=chunk)
+    planner = DcppPlanner(setup.dcpp_variant, budget=chunk, online=setup.dcpp_online)
     planner.profile(stage_measure(cost, stages))
     arrivals = [0.0] * len(lengths) if arrivals is None else list(arrivals)
     if not setup.dcpp_online:
         return [sch.Request(i, tuple(planner.chunk_sizes(n)), a) for i, (n, a) in enumerate(zip(lengths, arrivals))]
-    out = []
-    for i, n in enumerate(lengths):           # plan chunk by chunk, observing each one's time
-        done, sizes = 0, []
-        while done < n:
-            c = planner.next_chunk(done, n - done)
-            planner.observe(c, done, sum(cost.compute(s, c, done) for s in stages))
-            sizes.append(c)
-            done += c
-        out.append(sch.Request(i, tuple(sizes), arrivals[i]))
-    return out
+
+    def step(c: int, h: int) -> float:
+        if cost.sync_only is not None and planner.timing:     # the runner syncs while the planner times
+            cost.sync_only.add((c, h))
+        return sum(cost.compute(s, c, h) for s in stages)
+
+    sizes = plan_online(planner, lengths, step)
+    return [sch.Request(i, tuple(c), a) for i, (c, a) in enumerate(zip(sizes, arrivals))]
 
 
 def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = None, folds: int = 1,

@@ -14,9 +14,9 @@ from . import strategies, workloads
 from .builders import REQUEST_ORDERS, build_cpp, build_plan, build_vpp, build_vpp_async, plan_from_orders
 from .comms import insert_comms
 from .cost import Cost, FlopCost, LinearCost, TableCost, seconds_per_token
-from .dcpp import DcppPlanner, dcpp_requests, fit_quadratic
+from .dcpp import DcppPlanner, dcpp_requests, fit_quadratic, plan_online
 from .ir import (COMM_MODES, COMPUTE, HANDOFF, RECV, SEND, Action, Plan, Request, chunk_requests,
-                 link_group, replace_actions)
+                 link_group, merge_tail, replace_actions)
 from .layout import KINDS, Layout, balance, make_layout
 from .order import Task, admission_gates, auto_slack, list_schedule, nominal_starts, slot_key
 from .packing import build_vpp_packed, packed_chunks
@@ -36,7 +36,7 @@ __all__ = [
     "Strategy", "StreamStats", "Summary", "TableCost", "Task", "Trace", "admission_gates", "auto_slack",
     "balance", "balance_ranks", "build_cpp", "build_plan", "build_vpp", "build_vpp_async", "build_vpp_packed", "chunk_requests",
     "dcpp_requests", "drain_idle", "drain_windows", "fit_quadratic", "format_summaries", "insert_comms",
-    "link_group", "list_schedule", "live_requests", "make_layout", "nominal_starts", "packed_chunks",
+    "link_group", "list_schedule", "live_requests", "make_layout", "merge_tail", "plan_online", "nominal_starts", "packed_chunks",
     "plan_from_orders", "rank_loads", "replace_actions", "request_done_times", "request_ttft", "seconds_per_token",
     "simulate", "slot_key", "strategies", "stream_stats", "summarize", "timeline", "verify", "workloads",
 ]

@@ -137,15 +137,22 @@ def link_group(src: int, dst: int) -> int:
 class Request:
     """One prompt, cut into chunks. Chunk ``c`` covers tokens ``[offset(c), offset(c) + chunk_sizes[c])``
     and attends to a prefix of ``offset(c)`` cached tokens. ``arrival``: seconds from the stream start
-    before which the request cannot enter the pipeline (see the module docstring)."""
+    before which the request cannot enter the pipeline (see the module docstring). ``cached``: tokens
+    of the prompt already in every stage's caches before the first chunk (a shared prefix, or caches
+    imported from another engine); the chunks cover the rest, so ``offset(0) == cached`` and
+    ``length == cached + sum(chunk_sizes)``."""
 
     id: int
     chunk_sizes: tuple[int, ...]
     arrival: float = 0.0
+    cached: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "chunk_sizes", tuple(int(n) for n in self.chunk_sizes))
         object.__setattr__(self, "arrival", float(self.arrival))
+        if isinstance(self.cached, bool) or int(self.cached) != self.cached or self.cached < 0:
+            raise ValueError(f"request {self.id}: cached={self.cached!r} must be a token count >= 0")
+        object.__setattr__(self, "cached", int(self.cached))
         if self.id < 0:
             raise ValueError(f"request id {self.id} must be >= 0")
         if not (self.arrival >= 0.0 and math.isfinite(self.arrival)):
@@ -161,10 +168,16 @@ class Request:
 
     @property
     def length(self) -> int:
+        """The prompt's tokens, cached prefix included."""
+        return self.cached + sum(self.chunk_sizes)
+
+    @property
+    def new_tokens(self) -> int:
+        """The tokens this request prefills (its chunks)."""
         return sum(self.chunk_sizes)
 
     def offset(self, chunk: int) -> int:
-        return sum(self.chunk_sizes[:chunk])
+        return self.cached + sum(self.chunk_sizes[:chunk])
 
     def tokens(self, chunk: int) -> int:
         return self.chunk_sizes[chunk]
@@ -173,16 +186,30 @@ class Request:
         d = {"id": self.id, "chunk_sizes": list(self.chunk_sizes)}
         if self.arrival:
             d["arrival"] = self.arrival
+        if self.cached:
+            d["cached"] = self.cached
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Request":
-        return cls(d["id"], tuple(d["chunk_sizes"]), d.get("arrival", 0.0))
+        return cls(d["id"], tuple(d["chunk_sizes"]), d.get("arrival", 0.0), d.get("cached", 0))
+
+
+def merge_tail(sizes: Sequence[int], threshold: int) -> list[int]:
+    """``sizes`` with a final chunk smaller than ``threshold`` tokens joined to the one before (the
+    merged chunk exceeds the budget by less than ``threshold``; SGLang PR #23621's tiny-tail case)."""
+    sizes = [int(n) for n in sizes]
+    if threshold < 0:
+        raise ValueError(f"merge_tail threshold={threshold} must be >= 0 tokens")
+    if len(sizes) > 1 and sizes[-1] < threshold:
+        sizes[-2:] = [sizes[-2] + sizes[-1]]
+    return sizes
 
 
 def chunk_requests(lengths: Iterable[int], chunk_size: int, *, first_id: int = 0,
-                   arrivals: Iterable[float] | None = None) -> list[Request]:
-    """Requests of the given prompt lengths cut into ``chunk_size`` chunks; the last chunk is ragged.
+                   arrivals: Iterable[float] | None = None, merge_tail_below: int = 0) -> list[Request]:
+    """Requests of the given prompt lengths cut into ``chunk_size`` chunks; the last chunk is ragged
+    (joined to the one before when smaller than ``merge_tail_below`` tokens, see :func:`merge_tail`).
     ``arrivals`` (one per prompt, default 0) become ``Request.arrival``."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be >= 1")
@@ -195,7 +222,8 @@ def chunk_requests(lengths: Iterable[int], chunk_size: int, *, first_id: int = 0
         if n < 1:
             raise ValueError(f"request {first_id + i} has length {n}; prompts need at least one token")
         full, rest = divmod(n, chunk_size)
-        out.append(Request(first_id + i, (chunk_size,) * full + ((rest,) if rest else ()), at))
+        sizes = merge_tail((chunk_size,) * full + ((rest,) if rest else ()), merge_tail_below)
+        out.append(Request(first_id + i, tuple(sizes), at))
     return out
 
 

@@ -4,7 +4,7 @@ A builder is a priority rule plus two passes. The rule is a key over tasks whose
 task's *slot*; :func:`list_schedule` runs the tasks in an idealised unit-time pipeline (every compute
 takes one slot, transfers are free) where each rank, in every slot, starts the ready task with the
 smallest key among those whose slot has come. That yields per-rank compute orders and nominal start
-slots; :func:`vpp.schedules.comms.insert_comms` then places SEND/RECV/HANDOFF. A packing builder can
+slots; :func:`vpp.plan.comms.insert_comms` then places SEND/RECV/HANDOFF. A packing builder can
 supply its own key (or its own orders) and reuse both passes.
 
 Dependencies of task (s, q, c): (s-1, q, c), the previous stage's output, and (s, q, c-1), the KV cache

@@ -19,7 +19,7 @@ def plot_trace(trace: "Trace", path, *, title: str | None = None, unit: str = "s
         from matplotlib.patches import Patch
         import matplotlib
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("Trace.plot needs matplotlib: pip install 'vpp[plot]'") from e
+        raise ImportError("Trace.plot needs matplotlib: pip install matplotlib (or -e '.[plot]' in a clone)") from e
     rows = timeline(trace)
     t0, span = trace.start, max(trace.makespan, 1e-12)
     chunks = sorted({(s.request or 0, s.chunk or 0) for s in trace.spans if s.kind == "compute"})

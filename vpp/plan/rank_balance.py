@@ -102,10 +102,27 @@ def balance_ranks(costs: Sequence[float], stage_ranks: Sequence[int], *, embed_c
     return _descend(starts, cuts, n, score)
 
 
-def _exact(costs, stage_ranks, embed_cost, head_cost, cuts, seed_tops, tolerance) -> tuple[int, ...]:
+def balanced_candidates(costs: Sequence[float], stage_ranks: Sequence[int], *, embed_cost: float = 0.0,
+                        head_cost: float = 0.0, allowed: Sequence[int] | None = None, limit: int = 32,
+                        exact_limit: int = EXACT_LIMIT, tolerance: float = 0.005) -> list[tuple[int, ...]]:
+    """The partitions that tie with :func:`balance_ranks`'s on the heaviest rank (within ``tolerance``),
+    best first by its order, at most ``limit``; ``[balance_ranks(...)]`` when there are more than
+    ``exact_limit`` boundary sets to try. A per-chunk snapshot cannot tell these apart; a simulation of
+    the whole prompt can (:func:`vpp.plan.drain_balance.fastest_partition`)."""
+    n, stages = len(costs), len(stage_ranks)
+    cuts = sorted(set(range(1, n)) if allowed is None else {a for a in allowed if 0 < a < n})
+    best = balance_ranks(costs, stage_ranks, embed_cost=embed_cost, head_cost=head_cost, allowed=allowed,
+                         exact_limit=exact_limit, tolerance=tolerance)
+    if stages == 1 or math.comb(len(cuts), stages - 1) > exact_limit:
+        return [best]
+    ranked = _exact(costs, stage_ranks, embed_cost, head_cost, cuts, [], tolerance, every=True)
+    return ranked[:max(1, limit)]
+
+
+def _exact(costs, stage_ranks, embed_cost, head_cost, cuts, seed_tops, tolerance, every: bool = False):
     """Every boundary set at once (numpy): the heaviest rank's optimum, then among the sets within
     ``tolerance`` of it (and no heavier than any seed) the most even stages, then the lighter heaviest
-    rank, then the lighter last stage."""
+    rank, then the lighter last stage. ``every``: all the sets within tolerance, in that order."""
     n, stages = len(costs), len(stage_ranks)
     pre = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=np.float64))])
     bounds = np.array(list(itertools.combinations(cuts, stages - 1)), dtype=np.int64).reshape(-1, stages - 1)
@@ -120,8 +137,10 @@ def _exact(costs, stage_ranks, embed_cost, head_cost, cuts, seed_tops, tolerance
     cap = min([top.min() * (1 + tolerance)] + list(seed_tops))
     ok = np.flatnonzero(top <= cap + 1e-12)
     keys = (np.round(stage[ok, -1], 12), top[ok], np.round((stage[ok] ** 2).sum(axis=1), 12))
-    best = ok[np.lexsort(keys)[0]]                       # lexsort: the last key is the primary one
-    return _from_bounds(bounds[best].tolist(), n)
+    order = ok[np.lexsort(keys)]                         # lexsort: the last key is the primary one
+    if every:
+        return [_from_bounds(bounds[i].tolist(), n) for i in order]
+    return _from_bounds(bounds[order[0]].tolist(), n)
 
 
 def _starts(seeds, stages, cuts, n) -> list[list[int]]:

@@ -6,7 +6,9 @@ name means the same thing everywhere and an unknown name gives the same error ev
 * ``cpp``        -- chunked-prefill pipeline parallelism: a loop layout (one stage per rank), fixed
   chunks, blocking transfers, requests pipelined back to back (:func:`.builders.build_cpp`).
 * ``dcpp``       -- the same plan with DCPP's chunk sizes (a :class:`.dcpp.DcppPlanner`, profiled on the
-  real stage or on a cost model), the baseline of SGLang and vLLM-Ascend.
+  real stage or on a cost model), the baseline of SGLang and vLLM-Ascend; its modes reproduce each
+  engine's planner at a named commit (``vllm-ascend``, the paper's baseline and the default;
+  ``vllm-ascend-7896``; ``sglang``).
 * ``vpp``        -- the paper's Algorithm 1 over a V (2 folds x P stages), blocking.
 * ``vpp-async``  -- VPP with one slot of slack per remote hop and non-blocking transfers.
 * ``vpp-packed`` -- VPP-Async with cross-request pipelined packing (Algorithm 2).
@@ -37,7 +39,8 @@ Builder = Callable[..., Plan]
 class Strategy:
     """``layout``: the layout kind the strategy runs on ("loop" or "v"); ``chunking``: "fixed" or "dcpp"
     (chunk sizes from a DCPP planner); ``builder(layout, requests, *, concurrency, cost)`` emits the
-    plan (None for ``gpipe``, which PyTorch schedules); ``variant``: a simulation-only context row."""
+    plan (None for ``gpipe``, which PyTorch schedules); ``variant``: a simulation-only context row;
+    ``packs``: the plan packs requests into each other's drains."""
 
     name: str
     label: str
@@ -46,6 +49,7 @@ class Strategy:
     builder: Builder | None
     chunking: str = "fixed"
     variant: bool = False
+    packs: bool = False  # packs the next request's first chunks into a drain (Algorithm 2)
 
     def plan(self, layout: Layout, requests: Sequence[Request], *, concurrency: int | None = None,
              cost=None) -> Plan:
@@ -87,7 +91,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("vpp-async", "VPP-Async", "v", "VPP reordered so transfers overlap compute, non-blocking",
              _vpp_async("sequential", "vpp-async")),
     Strategy("vpp-packed", "VPP-Async + packing", "v",
-             "VPP-Async with the next request's first chunks packed into the drain (Algorithm 2)", _vpp_packed),
+             "VPP-Async with the next request's first chunks packed into the drain (Algorithm 2)", _vpp_packed,
+             packs=True),
     Strategy("gpipe", "GPipe (torch)", "loop",
              "torch.distributed.pipelining's ScheduleGPipe on the same stages, chunks as micro-batches", None),
     Strategy("cpp-async", "(CPP, non-blocking)", "loop", "CPP with non-blocking transfers (unbounded run-ahead)",

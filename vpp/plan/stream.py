@@ -81,7 +81,7 @@ def stream_stats(trace: Trace, plan: Plan) -> StreamStats:
     """TTFT statistics (median, p90 by linear interpolation) and throughput of the stream."""
     done = request_done_times(trace, plan)
     ttft = request_ttft(trace, plan)
-    tokens = sum(q.length for q in plan.requests)
+    tokens = sum(q.new_tokens for q in plan.requests)
     span = max(done.values()) - min(q.arrival for q in plan.requests)
     values = list(ttft.values())
     return StreamStats(len(plan.requests), tokens, span, tokens / span if span > 0 else float("inf"), ttft,

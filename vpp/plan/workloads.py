@@ -18,7 +18,7 @@ fixes sigma = ln 6.4 / z_0.9 = 1.4485, and clipping the upper tail at the publis
 the mass lands on it) brings the mean from 28.5K to 22.57K, the published ~22.5K, with no further
 parameter. The body puts ~1e-7 of its mass below 7 tokens, so a sample would never show the published
 minimum; the shortest request of a sample is therefore set to 7 tokens. A seeded sample of 200,000
-reproduces the median, mean and p90 within 2% (``tests/schedules/test_workloads.py``).
+reproduces the median, mean and p90 within 2% (``tests/plan/test_workloads.py``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ It knows the stage contract (:mod:`vpp.models.stage` documents it) but imports n
 
 from .api import (PrefillOutput, build_schedule, forward_cpp_prefill, forward_prefill, forward_vpp_prefill,
                   gather_trace, infer_layout)
-from .dcpp import forward_dcpp_prefill, profile_planner
+from .dcpp_profile import forward_dcpp_prefill, profile_planner
 from .executor import ExecutionResult, Executor
 from .pipeline import Generation, Pipeline
 from .sampling import Sampler

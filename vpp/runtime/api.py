@@ -30,8 +30,8 @@ from vpp.plan.ir import Plan, Request
 from vpp.plan.layout import Layout
 
 from .inputs import Chunking
-from .layout import check_stage_shapes, infer_layout
-from .output import PrefillOutput
+from .layout_inference import check_stage_shapes, infer_layout
+from .prefill_output import PrefillOutput
 from .pipeline import Pipeline
 from .traces import gather_trace
 
@@ -58,6 +58,7 @@ def forward_prefill(
     return_trace: bool = False,
     timeout_s: float = 300.0,
     progress=None,
+    cached_tokens: int | Sequence[int] = 0,
 ) -> PrefillOutput:
     """Prefill one prompt (a 1-D tensor or a list of ints) or a stream of them (a list of those)
     through this rank's ``stages`` with ``schedule`` (see :func:`build_schedule`). ``chunk_size`` is a
@@ -66,11 +67,14 @@ def forward_prefill(
     start; each request enters the pipeline no earlier) and a ``concurrency`` limit (at most that many
     requests in flight). ``progress(n)`` is called on the rank holding stage 0 after each chunk it
     feeds into the pipeline. Every argument problem raises the same error on every rank; every wait
-    is bounded by ``timeout_s``."""
+    is bounded by ``timeout_s``. ``cached_tokens=N``: the first N tokens of each prompt are already in
+    the stages' caches under its request id (an earlier prefill of them, or ``Pipeline.import_cache``);
+    only the rest is chunked and computed (see :meth:`~.pipeline.Pipeline.prefill`)."""
     strategies.get(schedule, strategies.PLANNED)  # an unknown name fails before any exchange
     pipe = Pipeline(stages, groups, timeout_s=timeout_s)
     return pipe.prefill(input_ids, chunk_size, schedule=schedule, request_ids=request_ids, arrivals=arrivals,
-                        concurrency=concurrency, return_trace=return_trace, progress=progress)
+                        concurrency=concurrency, return_trace=return_trace, progress=progress,
+                        cached_tokens=cached_tokens)
 
 
 def forward_vpp_prefill(stages, input_ids, chunk_size, groups, *, async_comm: bool = False, **kw) -> PrefillOutput:

@@ -1,6 +1,6 @@
-"""The executor: runs a :class:`~vpp.schedules.ir.Plan` on real ranks with real stage modules.
+"""The executor: runs a :class:`~vpp.plan.ir.Plan` on real ranks with real stage modules.
 
-It interprets the IR and nothing else (see :mod:`.ir` for the semantics of each action and of the
+It interprets the IR and nothing else (see :mod:`vpp.plan.ir` for the semantics of each action and of the
 two communication modes). This rank runs ``plan.actions[pp_rank]`` in order:
 
 * ``F`` COMPUTE  -- stage ``s`` on chunk ``c`` of request ``q``: its input is the prompt slice (stage 0)
@@ -14,7 +14,7 @@ two communication modes). This rank runs ``plan.actions[pp_rank]`` in order:
   the rest.
 * ``L`` HANDOFF  -- nothing moves: the output stays in this rank's activation table for stage s+1.
 
-Request streams (see :mod:`.ir`): before stage 0 computes a request's first chunk, the executor sleeps
+Request streams (see :mod:`vpp.plan.ir`): before stage 0 computes a request's first chunk, the executor sleeps
 until the request's arrival (seconds after the start barrier, the trace's origin) and, under a
 concurrency limit, until the gating request has finished. Where that request's last stage lives on
 another rank, the rank holding it posts a completion notice in the process group's store.
@@ -23,6 +23,20 @@ Every wait goes through a :class:`~.watchdog.Watchdog`: a rank that raises posts
 and its action, and the others stop within ``poll_s``; a rank that dies breaks the connection; a rank
 that hangs trips ``timeout_s``. Nothing hangs.
 
+Two paths, chosen by the pipeline's process group (:mod:`.device_order`):
+
+* gloo (the host moves the data): the host waits where the IR says the data is needed, as above.
+* NCCL / HCCL (the device orders the work): the executor only enqueues. It posts every SEND/RECV in
+  plan order (the plan lists a receive ahead of the compute that precedes its consumer, so on the pair
+  communicator's stream it is in flight while that compute runs); a compute that consumes a receive is
+  ordered after it by ``Work.wait()`` on the current stream; a blocking-mode transfer is ordered the
+  same way before the next compute (the device serialises, the host does not wait); a send's buffer is
+  dropped once its work's end event reports done. The host waits for the device only to stay at most
+  :data:`~.device_order.RUN_AHEAD_COMPUTES` computes ahead (an event of an earlier compute, never a
+  transfer) and once at the end of the plan. Faults: a :class:`~.watchdog.WorkWatch` thread checks the
+  outstanding transfers against ``timeout_s`` and the store's failure notices, and the rank's thread
+  raises what it found between actions and while it waits for the device.
+
 Devices. Everything the executor allocates (the prompt, receive buffers) lives on the rank's device
 (``groups.device``); the prompt moves there once per run. Nothing in the per-chunk path waits for the
 device: compute spans are timed with device events when ``timed`` (:mod:`.timing`, one
@@ -30,7 +44,7 @@ synchronisation after the run), and the KV caches of a request are reserved at i
 its first chunk (stages that offer ``reserve(request, tokens)``, an optional part of the stage
 contract), so they are allocated once.
 
-The executor records the simulator's trace format (:mod:`.trace`): compute spans, blocked send/recv
+The executor records the simulator's trace format (:mod:`vpp.plan.trace`): compute spans, blocked send/recv
 spans, spans for posting non-blocking ops (gloo may move the data in the posting thread, so posting
 can take as long as the transfer), and the scheduling overhead (time spent in the interpreter outside
 compute and communication; on an accelerator "compute" there is the time to queue the kernels).
@@ -39,6 +53,7 @@ compute and communication; on an accelerator "compute" there is the time to queu
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -50,11 +65,12 @@ from vpp.parallel.groups import ParallelGroups
 from vpp.plan.ir import COMPUTE, HANDOFF, RECV, SEND, Action, Plan
 from vpp.plan.trace import Span, Trace
 
+from .device_order import RUN_AHEAD_COMPUTES, stream_ops_for
 from .finite import FiniteWatch
 from .handshake import RankInfo
 from .sends import SendQueue
 from .timing import ComputeTimer
-from .watchdog import ExecutionError, Watchdog, polls_completion
+from .watchdog import ExecutionError, Watchdog, WorkWatch, polls_completion
 
 
 @dataclass
@@ -78,12 +94,14 @@ class Executor:
     puts on this pipeline rank; ``infos`` are the handshake descriptors of this rank's pipeline
     (indexed by pipeline rank), used for receive-buffer shapes. ``timed``: time computes on the device
     (events, one synchronisation after the run) rather than by the host clock; it only matters on
-    accelerators, where host-clock spans are the time to queue the kernels."""
+    accelerators, where host-clock spans are the time to queue the kernels. ``device_ops``: the
+    device primitives of the stream-ordered path (default: :func:`~.device_order.stream_ops_for` the
+    pipeline's group, None on gloo; an emulated device passes its own)."""
 
     def __init__(self, plan: Plan, stages: Mapping[int, torch.nn.Module], groups: ParallelGroups,
                  pipeline: Sequence[RankInfo], *, run_key: str, timeout_s: float = 300.0,
                  poll_s: float = 0.05, progress: Callable[[int], None] | None = None, timed: bool = True,
-                 extra_tokens: int = 0):
+                 extra_tokens: int = 0, device_ops=None):
         self.plan, self.stages, self.groups = plan, dict(stages), groups
         self.extra_tokens = extra_tokens  # cache room past each prompt (tokens the caller will decode)
         self.me = groups.pp.rank
@@ -94,6 +112,7 @@ class Executor:
                 self.hidden[plan.layout.stage_of_layer(st.layer_range[0])] = (st.hidden_size, st.dtype)
         # the pipeline's process group says how its transfers can be waited for (NCCL/HCCL: polled)
         self.pollable = polls_completion(groups.pp.pg)
+        self.ops = device_ops if device_ops is not None else stream_ops_for(groups)
         self.watchdog = Watchdog(run_key, self.me, timeout_s=timeout_s, poll_s=poll_s, pollable=self.pollable,
                                  global_ranks=groups.pp.ranks)
         self.device = groups.device
@@ -109,7 +128,9 @@ class Executor:
         self.prompts = {q: ids.to(self.device) for q, ids in (prompts or {}).items()}
         self.ready: dict[tuple, torch.Tensor] = {}  # activation (producer stage, request, chunk) -> tensor
         self.pending: dict[tuple, tuple] = {}  # posted async receive: key -> (work, peer, action)
-        self.sends = SendQueue(self.watchdog, pollable=self.pollable)  # async sends, held while in flight
+        self.sends = SendQueue(self.watchdog, pollable=self.pollable or self.ops is not None)  # held while in flight
+        self.watch = WorkWatch(self.watchdog) if self.ops is not None else None
+        self.marks: deque = deque()  # device path: an event after each queued compute (run-ahead bound)
         self.logits: dict[int, torch.Tensor] = {}
         self.spans: list[Span] = []
         self.entered = 0
@@ -119,6 +140,8 @@ class Executor:
         acc = self.groups.accelerator
         # trace-only: device events, resolved with one synchronisation after the run (none per chunk)
         events = acc.event if self.timed and acc.kind != "cpu" else None
+        if events is not None:
+            acc.synchronize(self.device)  # t0 after the device is idle: host and device spans share it
         self.t0 = time.perf_counter()
         self.timer = ComputeTimer(self.me, self.t0, events=events,
                                   synchronize=(lambda: acc.synchronize(self.device)) if events else None)
@@ -126,9 +149,11 @@ class Executor:
         try:
             with torch.inference_mode():
                 for step, action in enumerate(actions):
+                    if self.watch is not None:
+                        self.watch.check()
                     busy += self._do(action)
                     self.sends.sweep()
-                busy += self._finish_sends()
+                busy += self._finish_sends() if self.ops is None else self._finish_device()
         except ExecutionError:
             self.watchdog.notify_failure(self._where(step, action, "stopped"))
             raise
@@ -138,6 +163,8 @@ class Executor:
             raise ExecutionError(notice, rank=self.me, action=str(action), global_rank=self.groups.global_rank) from exc
         finally:
             self.sends.close()
+            if self.watch is not None:
+                self.watch.close()
             self.watchdog.close()
         total = time.perf_counter() - self.t0
         spans = sorted(self.timer.finish() + self.spans, key=lambda sp: sp.start)
@@ -195,7 +222,7 @@ class Executor:
         else:
             src = (a.stage - 1, a.request, a.chunk)
             if src in self.pending:
-                blocked = self._wait_recv(src)
+                blocked = self._wait_recv(src) if self.ops is None else self._order_after_recv(src)
             x = self.ready.pop(src)
         stage = self.stages[a.stage]
         q = self.requests[a.request]
@@ -210,6 +237,8 @@ class Executor:
             stage(x, a.request, q.offset(a.chunk))
         self.timer.end(mark, a.stage, a.request, a.chunk)
         self.finite.observe(a.stage, a.request, out)  # a device-side flag: no synchronisation here
+        if self.ops is not None:
+            self._bound_run_ahead()
         end = self._now()
         if self.progress is not None and a.stage == 0:
             self.entered += 1
@@ -232,6 +261,8 @@ class Executor:
                              f"chunk {a.chunk}, but its receiver expects {expected} {dtype}")
         channel = self.groups.pp_channel(self.me, a.peer)
         start = self._now()
+        if self.ops is not None:
+            return self._post_device(self.ops.isend(x, a.peer, channel), a, x, start)
         work = isend(x, a.peer, channel)
         if self.plan.comm == "blocking":
             self.watchdog.wait(work, str(a), a.peer)
@@ -250,6 +281,9 @@ class Executor:
         buf = torch.empty(tokens, hidden, dtype=getattr(torch, dtype.replace("torch.", "")), device=self.device)
         channel = self.groups.pp_channel(a.peer, self.me)
         start = self._now()
+        if self.ops is not None:
+            self.ready[a.key] = buf
+            return self._post_device(self.ops.irecv(buf, a.peer, channel), a, None, start)
         work = irecv(buf, a.peer, channel)
         self.ready[a.key] = buf
         if self.plan.comm == "blocking":
@@ -279,3 +313,48 @@ class Executor:
         if self.pending:
             raise RuntimeError(f"receives {sorted(self.pending)} were posted but never consumed")
         return blocked
+
+    # --- the stream-ordered path (NCCL / HCCL, or an emulated device) --------------------------------
+
+    def _post_device(self, work, a: Action, x: torch.Tensor | None, start: float) -> float:
+        """A posted send (``x`` its buffer) or receive: watched by the watchdog thread; in blocking mode
+        the current stream is ordered after it at once, in async mode a receive is ordered before its
+        consumer (:meth:`_order_after_recv`). The host never waits here."""
+        self.watch.watch(work, str(a), a.peer)
+        if self.plan.comm == "blocking":
+            self.ops.order_after(work)
+        elif a.op == RECV:
+            self.pending[a.key] = (work, a)
+        if x is not None:
+            self.sends.post(work, x, a)  # dropped by sweep() once its end event says done
+        end = self._now()
+        self.spans.append(Span(self.me, "send" if a.op == SEND else "recv", start, end, *a.key, peer=a.peer))
+        return end - start
+
+    def _order_after_recv(self, key: tuple) -> float:
+        work, _ = self.pending.pop(key)
+        self.ops.order_after(work)
+        return 0.0
+
+    def _bound_run_ahead(self) -> None:
+        """Keep at most RUN_AHEAD_COMPUTES computes queued: wait (on the host) for an earlier compute's
+        event, never for a transfer."""
+        self.marks.append(self.ops.mark())
+        while len(self.marks) > RUN_AHEAD_COMPUTES:
+            event = self.marks.popleft()
+            if not self.ops.is_done(event):
+                self.ops.host_wait(event, self.watch.check)
+
+    def _finish_device(self) -> float:
+        """The plan's end: order the current stream after every send still in flight and wait once."""
+        if self.pending:
+            raise RuntimeError(f"receives {sorted(self.pending)} were posted but never consumed")
+        start = self._now()
+        for work in self.sends.works():
+            self.ops.order_after(work)
+        self.ops.host_wait(self.ops.mark(), self.watch.check, end=True)
+        self.sends.sweep()
+        if self.sends.live:
+            raise RuntimeError(f"{self.sends.live} sends still in flight after the end of the plan")
+        end = self._now()
+        return end - start

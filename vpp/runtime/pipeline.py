@@ -34,9 +34,10 @@ from vpp.plan.verify import verify
 
 from . import finite, handshake, inputs
 from .decode import broadcast_logits, decode_step
+from .device_order import neighbours, stream_ops_for, warm_pair_communicators
 from .executor import Executor
-from .layout import check_stage_shapes, infer_layout
-from .output import PrefillOutput
+from .layout_inference import check_stage_shapes, infer_layout
+from .prefill_output import PrefillOutput
 from .sampling import Sampler
 from .traces import gather_trace
 from .watchdog import rendezvous
@@ -88,16 +89,29 @@ class Pipeline:
         self.last = next(st for info in self.pipeline for st in info.stages if st.is_last)
         self.mine = dict(zip(self.layout.stages_of(groups.pp.rank), self.stages))
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # least recently used first
+        self._warm()
+
+    def _warm(self) -> None:
+        """On NCCL/HCCL, set up the pair communicators with this rank's pipeline neighbours now (the
+        first transfer on each is a host-blocking set-up), so no prefill's TTFT includes it."""
+        ops = stream_ops_for(self.groups)
+        if ops is None:
+            return
+        warm_pair_communicators(self.groups, neighbours(self.layout, self.groups.pp.rank), ops)
+        self.groups.accelerator.synchronize(self.groups.device)
 
     # --- prefill ---------------------------------------------------------------------------------
 
     def prefill(self, input_ids: Any, chunk_size: inputs.Chunking, *, schedule: str = "vpp",
                 request_ids: Sequence[Hashable] | None = None, arrivals: Sequence[float] | None = None,
                 concurrency: int | None = None, return_trace: bool = False, progress=None,
-                decode_room: int = 0) -> PrefillOutput:
+                decode_room: int = 0, cached_tokens: int | Sequence[int] = 0) -> PrefillOutput:
         """Prefill one prompt or a stream of them (see :func:`vpp.runtime.api.forward_prefill`).
         ``decode_room``: tokens each request's caches should hold beyond its prompt (those it will
-        decode), so that they are allocated once."""
+        decode), so that they are allocated once. ``cached_tokens`` (one count, or one per prompt):
+        the first N tokens of a prompt are already in every stage's caches under its request id (left
+        by an earlier prefill of them, or installed with :meth:`import_cache`); only the rest is
+        chunked and computed, the full prompt is still given (its first N ids are not used)."""
         strategy = strategies.get(schedule, strategies.PLANNED)
         chunk_size = inputs.check_chunking(chunk_size)
         if strategy.chunking == "dcpp" and isinstance(chunk_size, int):
@@ -112,7 +126,10 @@ class Pipeline:
             raise ValueError(problem)
         lengths = handshake.prompt_lengths(infos)
         ids = inputs.check_request_ids(request_ids if request_ids is not None else range(len(lengths)), len(lengths))
-        plan = self.plan(schedule, requests_for(lengths, chunk_size, ids, arrivals), concurrency)
+        cached = cached_counts(cached_tokens, len(lengths))
+        if any(cached):
+            self._check_cached(ids, cached, lengths)
+        plan = self.plan(schedule, requests_for(lengths, chunk_size, ids, arrivals, cached), concurrency)
         executor = Executor(plan, self.mine, self.groups, self.pipeline, run_key=infos[0].run_key,
                             timeout_s=self.timeout_s, progress=progress, timed=return_trace,
                             extra_tokens=decode_room)
@@ -122,6 +139,7 @@ class Pipeline:
             rendezvous("the start barrier", self.groups.global_rank, self.groups.sizes.world_size,
                        timeout_s=self.timeout_s)
             dist.barrier()
+        self.groups.accelerator.synchronize(self.groups.device)  # the clock starts on an idle device
         start = time.perf_counter()
         try:
             result = executor.run(by_id)
@@ -154,7 +172,7 @@ class Pipeline:
 
     def plan(self, schedule: str, requests: Sequence[Request], concurrency: int | None = None) -> Plan:
         """The verified plan of ``schedule`` for ``requests`` (built once per distinct chunking)."""
-        key = (schedule, tuple((q.id, q.chunk_sizes, q.arrival) for q in requests), concurrency)
+        key = (schedule, tuple((q.id, q.chunk_sizes, q.arrival, q.cached) for q in requests), concurrency)
         if key not in self._plans:
             spec = strategies.get(schedule, strategies.PLANNED)
             self._plans[key] = verify(spec.plan(self.layout, requests, concurrency=concurrency))
@@ -162,6 +180,30 @@ class Pipeline:
                 self._plans.popitem(last=False)
         self._plans.move_to_end(key)
         return self._plans[key]
+
+    def _check_cached(self, ids, cached, lengths) -> None:
+        """Every stage of every rank must hold exactly the cached prefix of each request: one problem
+        (the first, in rank order) is raised the same on every rank."""
+        problem = None
+        for q, c, n in zip(ids, cached, lengths):
+            if c >= n:
+                problem = f"request {q!r}: cached_tokens={c} leaves nothing to prefill of its {n}-token prompt"
+                break
+            bad = [(st, st.cache_length(q)) for st in self.stages if st.cache_length(q) != c]
+            if bad:
+                st, have = bad[0]
+                problem = (f"request {q!r}: cached_tokens={c}, but stage {st.layer_range} on global rank "
+                           f"{self.groups.global_rank} holds {have} tokens of it in its caches")
+                break
+        problems = [problem]
+        if dist.is_initialized() and self.groups.sizes.world_size > 1:
+            rendezvous("the cached prefixes' check", self.groups.global_rank, self.groups.sizes.world_size,
+                       timeout_s=self.timeout_s)
+            problems = [None] * self.groups.sizes.world_size
+            dist.all_gather_object(problems, problem)
+        first = next((p for p in problems if p), None)
+        if first:
+            raise ValueError(first)
 
     def _exchange_prompts(self, prompts, problem) -> list[PromptInfo]:
         lengths = None
@@ -216,18 +258,20 @@ class Pipeline:
 
     def generate(self, prompts: Any, max_new_tokens: int, chunk_size: inputs.Chunking, *, schedule: str = "vpp",
                  sampler: Sampler | None = None, request_ids: Sequence[Hashable] | None = None,
-                 eos_token_id: int | None = None, release: bool = True, on_tokens=None) -> Generation:
+                 eos_token_id: int | None = None, release: bool = True, on_tokens=None,
+                 cached_tokens: int | Sequence[int] = 0) -> Generation:
         """Prefill ``prompts`` with ``schedule``, then decode up to ``max_new_tokens`` tokens per request,
         all live requests in one batch per step (a request stops at ``eos_token_id``). Greedy unless a
         :class:`~.sampling.Sampler` says otherwise. ``prompts`` are given on the ranks holding stage 0
         (``None`` elsewhere), as for :meth:`prefill`. ``on_tokens(tokens)`` is called after every step
-        with the tokens so far (request id -> list), e.g. to stream them."""
+        with the tokens so far (request id -> list), e.g. to stream them. ``cached_tokens``: as for
+        :meth:`prefill` (the TTFT then covers the rest of the prompt only)."""
         if not inputs.is_count(max_new_tokens) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
         sampler = sampler or Sampler()
         start = time.perf_counter()
         out = self.prefill(prompts, chunk_size, schedule=schedule, request_ids=request_ids,
-                           decode_room=max_new_tokens - 1)
+                           decode_room=max_new_tokens - 1, cached_tokens=cached_tokens)
         ids = [q.id for q in out.plan.requests]
         self._check_room(out.plan, max_new_tokens)
         tokens = sampler.sample(self.next_logits(out, ids))
@@ -260,24 +304,43 @@ class Pipeline:
                              f"{limit} positions")
 
 
+def cached_counts(cached_tokens: int | Sequence[int], n: int) -> list[int]:
+    """``cached_tokens`` as one count per prompt (a single count applies to every prompt)."""
+    values = [cached_tokens] * n if isinstance(cached_tokens, int) and not isinstance(cached_tokens, bool) \
+        else list(cached_tokens)
+    if len(values) != n or any(not inputs.is_count(c) or c < 0 for c in values):
+        raise ValueError(f"cached_tokens={cached_tokens!r} must be a token count >= 0, or one per prompt "
+                         f"({n} prompts)")
+    return [int(c) for c in values]
+
+
 def requests_for(lengths: Sequence[int], chunk_size: inputs.Chunking, ids: Sequence[Hashable],
-                 arrivals: Sequence[float] | None = None) -> list[Request]:
+                 arrivals: Sequence[float] | None = None, cached: Sequence[int] | None = None) -> list[Request]:
     """The requests of a prefill: each prompt's chunk sizes (fixed, explicit or from a function) and
-    arrival time."""
+    arrival time. With ``cached`` prefixes the chunks cover the rest of each prompt: a chunking
+    function is called as ``chunk_size(rest, cached=N)`` for a prompt with N > 0 cached tokens (a DCPP
+    planner's ``chunk_sizes`` sizes the first chunk for that prefix), ``chunk_size(n)`` otherwise."""
     if arrivals is not None and any(isinstance(a, bool) or not isinstance(a, (int, float)) or a < 0 for a in arrivals):
         raise ValueError(f"arrivals must be seconds >= 0, got {list(arrivals)!r}")
     arrivals = [0.0] * len(lengths) if arrivals is None else [float(a) for a in arrivals]
     if len(arrivals) != len(lengths):
         raise ValueError(f"{len(arrivals)} arrival times for {len(lengths)} prompts")
+    cached = [0] * len(lengths) if cached is None else list(cached)
+    rest = [n - c for n, c in zip(lengths, cached)]
+    if any(r < 1 for r in rest):
+        raise ValueError(f"cached prefixes {cached} leave nothing to prefill of prompts of {list(lengths)} tokens")
     if isinstance(chunk_size, int):
-        return [Request(q, r.chunk_sizes, a) for q, r, a in zip(ids, chunk_requests(lengths, chunk_size), arrivals)]
+        return [Request(q, r.chunk_sizes, a, c)
+                for q, r, a, c in zip(ids, chunk_requests(rest, chunk_size), arrivals, cached)]
     if callable(chunk_size):
-        chunk_size = [inputs.check_sizes(list(chunk_size(n)), f"chunk sizes the chunking function gave for {n} tokens")
-                      for n in lengths]
+        chunk_size = [inputs.check_sizes(list(chunk_size(n, cached=c) if c else chunk_size(n)),
+                                         f"chunk sizes the chunking function gave for {n} tokens")
+                      for n, c in zip(rest, cached)]
     sizes = [tuple(s) for s in chunk_size]
     if len(sizes) != len(lengths):
         raise ValueError(f"{len(sizes)} chunkings for {len(lengths)} prompts")
-    for q, n, s in zip(ids, lengths, sizes):
+    for q, n, s, c in zip(ids, rest, sizes, cached):
         if sum(s) != n:
-            raise ValueError(f"request {q}: chunk sizes sum to {sum(s)} but the prompt has {n} tokens")
-    return [Request(q, s, a) for q, s, a in zip(ids, sizes, arrivals)]
+            what = f"the {n} tokens after its {c} cached ones need covering" if c else f"the prompt has {n} tokens"
+            raise ValueError(f"request {q}: chunk sizes sum to {sum(s)} but {what}")
+    return [Request(q, s, a, c) for q, s, a, c in zip(ids, sizes, arrivals, cached)]

@@ -58,6 +58,11 @@ class SendQueue:
         with self._lock:
             self._live.pop(n, None)
 
+    def works(self) -> list:
+        """The works of the sends still held, in posting order."""
+        with self._lock:
+            return [self._live[n][0] for n in sorted(self._live)]
+
     def sweep(self) -> None:
         """Drop the sends that have completed (NCCL/HCCL; the helper thread does it on gloo)."""
         if not self.pollable:

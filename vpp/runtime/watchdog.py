@@ -219,6 +219,77 @@ class Watchdog:
                 f"pipeline rank {peer}", rank=peer, action=what, global_rank=self._global(peer))
 
 
+class WorkWatch:
+    """The device path's watchdog: a thread, not the rank's own, that checks every ``poll_s`` the work
+    the rank has enqueued (NCCL/HCCL transfers, posted and not yet seen complete) against its deadline
+    (posting time + ``timeout_s``) and the store's failure notices. The rank's thread never waits for a
+    transfer, so it cannot notice a fault there: it calls :meth:`check` between actions and while it
+    waits for the device (:meth:`.device_order.StreamOps.host_wait`), which raises what the thread
+    found. ``Work.is_completed()`` is a non-blocking query of the work's end event; the process group's
+    own timeout (the same ``timeout_s``) stays in force underneath."""
+
+    def __init__(self, watchdog: Watchdog):
+        self.dog = watchdog
+        self._lock = threading.Lock()
+        self._works: dict[int, tuple] = {}  # posting number -> (work, what, peer, deadline)
+        self._posted = 0
+        self.error: ExecutionError | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="vpp-watchdog", daemon=True)
+        self._thread.start()
+
+    @property
+    def outstanding(self) -> int:
+        with self._lock:
+            return len(self._works)
+
+    def watch(self, work, what: str, peer: int | None) -> None:
+        with self._lock:
+            self._works[self._posted] = (work, what, peer, time.monotonic() + self.dog.timeout_s)
+            self._posted += 1
+
+    def check(self) -> None:
+        """Raise the fault the watchdog thread found, if any (called on the rank's thread)."""
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=max(1.0, 4 * self.dog.poll_s))
+
+    def _loop(self) -> None:
+        while self.error is None and not self._stop.wait(self.dog.poll_s):
+            try:
+                self.scan()
+            except ExecutionError as exc:
+                self.error = exc
+
+    def scan(self) -> None:
+        """One round of checks (the thread's loop body; raises :class:`ExecutionError`)."""
+        with self._lock:
+            items = sorted(self._works.items())
+        notice = self.dog.failure_notice()
+        if notice is not None:
+            what = items[0][1][1] if items else "its next action"
+            raise ExecutionError(f"pipeline rank {self.dog.rank} stopped at {what} because {notice}", action=what)
+        now = time.monotonic()
+        for n, (work, what, peer, deadline) in items:
+            try:
+                done = work.is_completed()
+            except Exception as exc:
+                raise ExecutionError(f"pipeline rank {self.dog.rank} gave up at {what}: pipeline rank {peer} "
+                                     f"stopped responding ({type(exc).__name__}: {exc})", rank=peer, action=what,
+                                     global_rank=self.dog._global(peer)) from exc
+            if done:
+                with self._lock:
+                    self._works.pop(n, None)
+            elif now > deadline:
+                raise ExecutionError(f"pipeline rank {self.dog.rank} timed out after {self.dog.timeout_s:g}s at "
+                                     f"{what} waiting for pipeline rank {peer}", rank=peer, action=what,
+                                     global_rank=self.dog._global(peer))
+
+
 _ROUND = itertools.count()  # rendezvous calls on this process: every rank makes the same sequence of them
 
 

@@ -26,13 +26,37 @@ from vpp.perf.memory import rank_memory
 from vpp.perf.ops import Parallel
 from vpp.perf.runs import Setup, run
 
-from .paper import CHUNKS
+from vpp.bench.paper import CHUNKS
 
 ANCHOR = {"name": "llama3-405b-1m-128xh100", "tokens": 1 << 20, "tp": 8, "cp": 16, "ttft_s": 77.0,
           "efficiency": 0.93, "utilization": 0.63,
           "source": "arXiv 2411.01783 (Meta, 'Context Parallelism for Scalable Million-Token Inference'), abstract: "
                     "1M-token prefill of Llama3 405B in 77 s on 128 H100s in 16 nodes, 93% parallelization "
                     "efficiency, 63% FLOPS utilization"}
+
+# Every published Llama3-405B prefill time of arXiv 2411.01783 the model can be set against (TP8 per node;
+# CP = nodes). The anchor is the first; the one-host times are the paper's motivation (a single 8-GPU host).
+META_POINTS = (
+    {"name": "1M, 16 nodes (anchor)", "tokens": 1 << 20, "cp": 16, "seconds": 77.0, "source": "abstract"},
+    {"name": "128K, 16 nodes", "tokens": 1 << 17, "cp": 16, "seconds": 3.8, "source": "abstract"},
+    {"name": "128K, one host", "tokens": 1 << 17, "cp": 1, "seconds": 60.0, "source": "introduction (~60 s)"},
+    {"name": "1M, one host", "tokens": 1 << 20, "cp": 1, "seconds": 1200.0, "source": "introduction (~1200 s)"},
+)
+ANCHOR_TOL = 0.15
+
+
+def meta_points(device: Device = H100) -> list[dict]:
+    """The model against each of :data:`META_POINTS` (nothing fitted: the H100 preset), with the per-ring-step
+    cost each CP16 point would need on top of the model's (``needed_step_ms``: the gap spread over the
+    ``(cp - 1) x layers`` ring steps), which shows whether one ring-synchronisation constant could close both."""
+    par = Parallel(tp=ANCHOR["tp"], weight_bytes=1)
+    out = []
+    for p in META_POINTS:
+        t = full_prefill(LLAMA3_405B, device, par, p["cp"], p["tokens"])
+        steps = (p["cp"] - 1) * LLAMA3_405B.layers
+        out.append({**p, "model_s": t, "error": t / p["seconds"] - 1, "within": abs(t / p["seconds"] - 1) <= ANCHOR_TOL,
+                    "needed_step_ms": 1e3 * (p["seconds"] - t) / steps if steps else None})
+    return out
 
 
 def anchor(device: Device = H100, tokens: int = ANCHOR["tokens"]) -> dict:
@@ -61,10 +85,12 @@ class Deployment:
         return f"TP{s.par.tp} x PP{s.pp}" + (f" x CP{s.cp}" if s.cp > 1 else "")
 
 
-def deployments(arch: Arch, device: Device, *, devices: int = 16, weight_bytes: int = 1) -> list[Deployment]:
+def deployments(arch: Arch, device: Device, *, devices: int = 16, weight_bytes: int = 1,
+                kv_bytes: int = 2) -> list[Deployment]:
     """The contenders for ``devices`` devices (see the module docstring). TP never exceeds 8 (one
-    node's fast link); shapes whose heads do not split are skipped."""
-    par = lambda tp: Parallel(tp=tp, weight_bytes=weight_bytes)
+    node's fast link); shapes whose heads do not split are skipped. ``kv_bytes``: the KV cache format
+    (paper_repro's: 1 for the W8A8 models, :data:`vpp.bench.sweep.KV_BYTES`)."""
+    par = lambda tp: Parallel(tp=tp, weight_bytes=weight_bytes, kv_bytes=kv_bytes)
     ok = lambda tp: arch.heads % tp == 0 and tp <= 8
     out = []
     if ok(8) and devices % 8 == 0:

@@ -2,7 +2,7 @@
 
 The selection functions are pure (logits in, weights and expert ids out) so they are tested without
 a process group. :class:`Router` holds the replicated router weight W_r [E, H] (and DeepSeek's score
-correction bias b [E]) and applies the one that :class:`~vpp.parallel.moe_config.MoEConfig` names.
+correction bias b [E]) and applies the one that :class:`~vpp.transformer.moe_config.MoEConfig` names.
 
 Precision follows the reference implementations: softmax routing takes logits in the input dtype
 and the softmax in fp32, and returns weights in the input dtype; sigmoid routing computes logits,
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vpp.parallel.moe_config import MoEConfig
+from vpp.transformer.moe_config import MoEConfig
 
 
 def softmax_topk(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ from torch import nn
 
 from vpp.parallel.groups import Group
 from vpp.parallel.layers import ColumnParallelLinear, RowParallelLinear
-from vpp.parallel.moe_config import ACTIVATIONS
+from vpp.transformer.moe_config import ACTIVATIONS
 from vpp.parallel.sharding import ReadSlice, SliceLoader, shard_spec_of
 
 

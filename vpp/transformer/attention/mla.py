@@ -26,13 +26,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vpp.parallel.attention.cache import RequestCache
-from vpp.parallel.attention.chunk import Batch, Chunk
-from vpp.parallel.attention.dsa import DSASpec, Indexer, sparse_latent_attention
-from vpp.parallel.attention.kernel import attention_lse, causal_attention, merge_partials
-from vpp.parallel.attention.rope import apply_rope, apply_rope_interleaved
-from vpp.parallel.attention.workspace import UsesWorkspace, rows_per_block
-from vpp.parallel.basic import RMSNorm, linear
+from vpp.transformer.attention.cache import RequestCache
+from vpp.transformer.attention.chunk import Batch, Chunk
+from vpp.transformer.attention.dsa import DSASpec, Indexer, sparse_latent_attention
+from vpp.transformer.attention.kernel import attention_lse, causal_attention, merge_partials
+from vpp.transformer.attention.rope import apply_rope, apply_rope_interleaved
+from vpp.transformer.attention.workspace import UsesWorkspace, rows_per_block
+from vpp.transformer.basic import RMSNorm, linear
 from vpp.parallel.groups import Group
 from vpp.parallel.layers import ColumnParallelLinear, RowParallelLinear
 

@@ -30,7 +30,7 @@ from vpp.parallel.comm import irecv, isend
 from vpp.parallel.groups import ParallelGroups
 from vpp.plan import TableCost, make_layout, simulate, strategies
 from vpp.runtime.api import forward_prefill
-from vpp.runtime.dcpp import profile_planner
+from vpp.runtime.dcpp_profile import profile_planner
 
 from .partition import choose_partition
 
@@ -43,13 +43,13 @@ class BenchConfig:
     tp: int = 1
     pp: int = 2
     seq_len: int = 8192
-    chunk_size: int = 1024
+    chunk_size: int = 2048           # the defaults of ``vpp prefill`` (vpp.cli.prefill: why these)
     schedules: tuple[str, ...] = ("cpp", "vpp", "vpp-async")
     folds: int = 1
     partition: str = "rank"          # "rank": balanced per rank on the cost model (partition.py); "even"
-    repeat: int = 3
+    repeat: int = 5
     warmup: bool = True
-    dtype: str = "auto"  # "auto": a model directory's config dtype, float32 for the built-in models
+    dtype: str = "auto"  # "auto": a model directory's config dtype, float32 for the built-in models (bf16 on devices)
     seed: int = 0
     moe_dispatch: str = "allreduce"
     timeout_s: float = 600.0
@@ -60,6 +60,9 @@ class BenchConfig:
     progress: Callable[[str, int], Callable[[int], None]] | None = None
     pin: bool = True
     prompt: list[int] | None = None  # token ids (e.g. a tokenized text); None: seq_len random ids
+    cached_prefix: int = 0           # the first N tokens are prefilled untimed before each timed run
+    dcpp_mode: str = "vllm-ascend"   # a vpp.plan.dcpp.VARIANTS mode
+    dcpp_min_chunk: int | None = None
 
 
 @dataclass
@@ -112,7 +115,7 @@ def measure_transfer(groups: ParallelGroups, tokens: int, hidden: int, dtype: to
     return float(out[0])
 
 
-def _simulated(plan, trace, transfer_s: float):
+def replay(plan, trace, transfer_s: float):
     """Replay ``plan`` with the compute times measured in ``trace`` (median per stage and chunk)."""
     per_stage: dict[int, dict] = {}
     requests = {q.id: q for q in plan.requests}
@@ -127,20 +130,29 @@ def layout_for(model, schedule: str, pp: int, folds: int = 1, *, chunk: int | No
                seq_len: int | None = None, partition: str = "even"):
     """The layout ``schedule`` runs ``model`` on: its strategy's kind, stages as even as the model's
     allowed stage starts permit, or (``partition="rank"``, given the chunk and prompt sizes) balanced
-    per rank on the cost model (:mod:`.partition`)."""
+    per rank on the cost model and, among ties, the fastest for ``schedule`` on the whole prompt
+    (:mod:`.partition`)."""
     kind = strategies.get(schedule).layout
     if partition == "even" or chunk is None or seq_len is None:
-        return model.layout(kind, pp, folds)
+        return model.layout_for(schedule, pp, folds)
     folds = 1 if kind == "loop" else folds
-    sizes = choose_partition(model, kind, pp, folds, chunk=chunk, seq_len=seq_len, how=partition)
+    sizes = choose_partition(model, kind, pp, folds, chunk=chunk, seq_len=seq_len, how=partition,
+                             schedule=schedule)
     return make_layout(kind, model.num_layers, pp, folds=folds, partition=sizes)
+
+
+def chunks_of(chunking, n: int, cached: int = 0) -> list[int]:
+    """A chunking function's chunk sizes for ``n`` tokens after ``cached`` ones (the call convention
+    of :func:`vpp.runtime.pipeline.requests_for`)."""
+    return list(chunking(n, cached=cached) if cached else chunking(n))
 
 
 def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict]:
     """Run every schedule ``cfg.repeat`` times, interleaved; returns the rows and run facts."""
     if cfg.pin and groups.accelerator.kind == "cpu" and groups.sizes.world_size <= (os.cpu_count() or 1):
         os.sched_setaffinity(0, {groups.global_rank % (os.cpu_count() or 1)})
-    model = open_model(cfg.model, dtype=cfg.dtype, seed=cfg.seed, moe_dispatch=cfg.moe_dispatch)
+    model = open_model(cfg.model, dtype=cfg.dtype, seed=cfg.seed, moe_dispatch=cfg.moe_dispatch,
+                       device_kind=groups.accelerator.kind)
     dtype = model.dtype
     vocab = int(model.config.get("vocab_size", 512))
     if cfg.prompt is not None:
@@ -152,8 +164,9 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     stages = {sched: model.stages(layouts[sched], groups) for sched in cfg.schedules}
     say(groups, f"vpp prefill: {cfg.model}, tp={cfg.tp} pp={cfg.pp}, {cfg.seq_len} tokens in chunks of "
                  f"{cfg.chunk_size}; " + "; ".join(f"{s}: {layouts[s].describe()}" for s in cfg.schedules))
-    # DCPP's planner is profiled once on the real first stage (vLLM-Ascend's start-up profiling)
-    chunking = {s: profile_planner(stages[s], groups, cfg.chunk_size).chunk_sizes
+    # DCPP's planner is profiled once on the real stages of its mode's profiled rank (start-up profiling)
+    chunking = {s: profile_planner(stages[s], groups, cfg.chunk_size, variant=cfg.dcpp_mode,
+                                   min_chunk=cfg.dcpp_min_chunk).chunk_sizes
                 if strategies.get(s).chunking == "dcpp" else cfg.chunk_size for s in cfg.schedules}
     hidden = stages[cfg.schedules[0]][0].hidden_size
     transfer_s = measure_transfer(groups, cfg.chunk_size, hidden, dtype)
@@ -164,21 +177,26 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     acc, device = groups.accelerator, groups.device
     memory: dict[str, dict] = {}
 
-    def one(sched: str, ids: torch.Tensor, label: str | None):
-        n = ids.numel()
-        n_chunks = len(chunking[sched](n)) if callable(chunking[sched]) else -(-n // cfg.chunk_size)
+    def one(sched: str, ids: torch.Tensor, label: str | None, cached: int = 0):
+        n = ids.numel() - cached
+        n_chunks = len(chunks_of(chunking[sched], n, cached)) if callable(chunking[sched]) else -(-n // cfg.chunk_size)
         show = label and cfg.progress is not None and groups.global_rank == 0
         bar = cfg.progress(label, n_chunks) if show else None
+        if cached:  # the cached prefix: prefilled untimed, its caches left in the stages for request 0
+            forward_prefill(stages[sched], ids[:cached] if holds_first[sched] else None, chunking[sched], groups,
+                            schedule=sched, timeout_s=cfg.timeout_s)
         if dist.is_initialized():
             dist.barrier()
         acc.reset_peak_memory(device)
         start = time.perf_counter()
         out = forward_prefill(stages[sched], ids if holds_first[sched] else None, chunking[sched], groups,
-                              schedule=sched, return_trace=True, timeout_s=cfg.timeout_s, progress=bar)
+                              schedule=sched, return_trace=True, timeout_s=cfg.timeout_s, progress=bar,
+                              cached_tokens=cached)
         if out.logits is not None:
             acc.synchronize(device)  # TTFT ends when the logits exist (a no-op on CPU)
         ttft = time.perf_counter() - start
-        mem = {"peak_bytes": acc.peak_memory(device), "weights_bytes": weight_bytes(stages[sched]),
+        mem = {"peak_bytes": acc.peak_memory(device), "peak_reserved_bytes": acc.peak_memory_reserved(device),
+               "weights_bytes": weight_bytes(stages[sched]),
                "kv_cache_bytes": sum(cache_bytes(st) for st in stages[sched])}
         if mem["peak_bytes"] >= memory.get(sched, {}).get("peak_bytes", -1):
             memory[sched] = mem
@@ -192,11 +210,11 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     for r in range(cfg.repeat):
         round_ttft = {}
         for sched in cfg.schedules:
-            out, ttft = one(sched, prompt, f"round {r + 1}/{cfg.repeat} {sched}")
+            out, ttft = one(sched, prompt, f"round {r + 1}/{cfg.repeat} {sched}", cfg.cached_prefix)
             ttfts = gather_all(groups, ttft if out.logits is not None else None)
             ttft = max(t for t in ttfts if t is not None)
             summary = out.trace.summarize()
-            sim = _simulated(out.plan, out.trace, transfer_s)
+            sim = replay(out.plan, out.trace, transfer_s)
             sim_summary = sim.summarize()
             row = rows[sched]
             row.ttft.append(ttft)
@@ -220,13 +238,15 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
         per_rank = gather_all(groups, dict(memory.get(sched, {}), rank=groups.global_rank))
         rows[sched].memory = sorted(per_rank, key=lambda m: m["rank"])
     facts = {"transfer_s": transfer_s, "layouts": {s: layouts[s].describe() for s in cfg.schedules},
+             "partitions": {s: list(layouts[s].partition) for s in cfg.schedules},
              "memory_method": acc.peak_memory_method,
              "prompt": prompt, "logits": last_logits,
-             "chunks": {s: list(c(cfg.seq_len)) if callable(c) else None for s, c in chunking.items()}}
+             "chunks": {s: chunks_of(c, cfg.seq_len - cfg.cached_prefix, cfg.cached_prefix) if callable(c) else None
+                        for s, c in chunking.items()}}
     if cfg.check:
         facts["check"] = _check(groups, model, prompt, last_logits, list(rows.values()))
     if cfg.trace_dir and groups.global_rank == 0:
-        _write_traces(cfg.trace_dir, traces)
+        facts["written"] = _write_traces(cfg.trace_dir, traces)
     return [rows[s] for s in cfg.schedules], facts
 
 
@@ -269,14 +289,19 @@ def _check(groups: ParallelGroups, model, prompt, last_logits, rows) -> dict:
     return out[0]
 
 
-def _write_traces(directory: str, traces: dict) -> None:
+def _write_traces(directory: str, traces: dict) -> list[str]:
+    """Write each schedule's measured and simulated traces (JSON, Chrome, PNG); returns the paths."""
     os.makedirs(directory, exist_ok=True)
+    written = []
     for sched, (measured, sim) in traces.items():
-        measured.save(os.path.join(directory, f"{sched}.trace.json"))
-        measured.to_chrome(os.path.join(directory, f"{sched}.chrome.json"))
-        sim.to_chrome(os.path.join(directory, f"{sched}.simulated.chrome.json"))
+        for path, write in ((f"{sched}.trace.json", measured.save), (f"{sched}.chrome.json", measured.to_chrome),
+                            (f"{sched}.simulated.chrome.json", sim.to_chrome)):
+            write(os.path.join(directory, path))
+            written.append(os.path.join(directory, path))
         try:
-            measured.plot(os.path.join(directory, f"{sched}.png"))
-            sim.plot(os.path.join(directory, f"{sched}.simulated.png"))
+            for path, trace in ((f"{sched}.png", measured), (f"{sched}.simulated.png", sim)):
+                trace.plot(os.path.join(directory, path))
+                written.append(os.path.join(directory, path))
         except ImportError:
-            log.warning("matplotlib is not installed: skipping PNG timelines (pip install vpp-prefill[plot])")
+            log.warning("matplotlib is not installed: skipping PNG timelines (pip install matplotlib, or -e '.[plot]' in a clone)")
+    return written

@@ -23,7 +23,14 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 
 def progress_bar(label: str, total: int):
-    """A callback ``show(done)`` drawing ``label [#####.....] done/total chunks`` on stderr."""
+    """A callback ``show(done)`` drawing ``label [#####.....] done/total chunks`` on stderr when stderr
+    is a terminal; otherwise (a log file, a pipe) one plain line when the step is done, never ``\r``."""
+    if not sys.stderr.isatty():
+        def line(done: int) -> None:
+            if done >= total:
+                print(f"  {label}: {done}/{total} chunks", file=sys.stderr, flush=True)
+        return line
+
     def show(done: int) -> None:
         width = 30
         filled = int(width * done / max(total, 1))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vpp.parallel.attention.cache import RequestCache
-from vpp.parallel.attention.chunk import Batch, Chunk
-from vpp.parallel.attention.kernel import causal_attention
-from vpp.parallel.attention.rope import apply_rope
-from vpp.parallel.basic import RMSNorm
+from vpp.transformer.attention.cache import RequestCache
+from vpp.transformer.attention.chunk import Batch, Chunk
+from vpp.transformer.attention.kernel import causal_attention
+from vpp.transformer.attention.rope import apply_rope
+from vpp.transformer.basic import RMSNorm
 from vpp.parallel.groups import Group
 from vpp.parallel.layers import ColumnParallelLinear, RowParallelLinear
 from vpp.parallel.sharding import Shard

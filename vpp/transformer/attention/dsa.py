@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vpp.parallel.attention.rope import apply_rope, apply_rope_interleaved
-from vpp.parallel.attention.workspace import UsesWorkspace, default_budget, rows_per_block
-from vpp.parallel.basic import linear
+from vpp.transformer.attention.rope import apply_rope, apply_rope_interleaved
+from vpp.transformer.attention.workspace import UsesWorkspace, default_budget, rows_per_block
+from vpp.transformer.basic import linear
 
 
 @dataclass(frozen=True)

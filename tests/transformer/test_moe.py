@@ -27,8 +27,8 @@ from hypothesis import given, settings, strategies as st
 from vpp.parallel import GridSizes, Group, ParallelGroups, initialize_model_parallel, narrowing, run_distributed
 from vpp.config import model_config
 from vpp.models.blocks import build_mlp, moe_config
-from vpp.parallel.moe import DenseMLP, MoE, MoEConfig, gather_rows, token_split
-from vpp.parallel.router import Router, sigmoid_group_topk, softmax_topk
+from vpp.transformer.moe import DenseMLP, MoE, MoEConfig, gather_rows, token_split
+from vpp.transformer.router import Router, sigmoid_group_topk, softmax_topk
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 TOKENS = (1, 5, 24)  # 1 and 5: ragged over ep = 2 and 4, and experts with no token

@@ -1,11 +1,13 @@
-"""DCPP on real ranks: profile the real first-rank stage, share the fitted planner, prefill with the
-chunk sizes it picks (through the CPP plan, so verifier, executor and traces apply unchanged).
+"""DCPP on real ranks: profile the real stages of the rank the planner's mode profiles, share the
+fitted planner, prefill with the chunk sizes it picks (through the CPP plan, so verifier, executor and
+traces apply unchanged).
 
-The vLLM-Ascend and SGLang planners both profile single forwards of one pipeline rank's stage at start
--up (see :mod:`.dcpp`). Here the rank holding stage 0 (every TP rank of it, since the stage's
-collectives need them all) times its stage on fresh tokens; global rank 0's fit is then broadcast so
-that every rank derives the same chunk sizes from it (timings differ slightly between ranks, and
-different chunkings would mismatch the plan).
+The engines profile single forwards of one pipeline rank at start-up (see :mod:`vpp.plan.dcpp`):
+vLLM-Ascend the output (last) rank, SGLang the first. :func:`vpp.plan.dcpp.profiled_rank` decides it,
+here and in the simulator alike. Every TP rank of that pipeline rank times its stages (the stages'
+collectives need them all); the fit of the lowest global rank among them is then shared with every
+rank, so that all derive the same chunk sizes (timings differ slightly between ranks, and different
+chunkings would mismatch the plan).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch.distributed as dist
 
 from vpp.parallel.groups import ParallelGroups
 
-from vpp.plan.dcpp import DcppPlanner
+from vpp.plan.dcpp import DEFAULT_VARIANT, DcppPlanner, profiled_rank
 
 PROFILE_REQUEST = "vpp-dcpp-profile"
 
@@ -48,26 +50,28 @@ def stage_timer(stage: torch.nn.Module, groups: ParallelGroups, *, seed: int = 0
 
 
 def profile_planner(stages: Sequence[torch.nn.Module], groups: ParallelGroups, budget: int, *,
-                    variant: str = "vllm-ascend", **planner_kw) -> DcppPlanner:
-    """A :class:`DcppPlanner` fitted on the real stage 0 (a collective: call it on every rank)."""
+                    variant: str = DEFAULT_VARIANT, **planner_kw) -> DcppPlanner:
+    """A :class:`DcppPlanner` fitted on the real stages of the profiled pipeline rank (a collective:
+    call it on every rank). ``planner_kw`` go to :class:`DcppPlanner` (``align``, ``merge_tail`` ...)."""
     planner = DcppPlanner(variant, budget=budget, **planner_kw)
-    first = [s for s in stages if s.is_first]
-    if first:
-        planner.profile(stage_timer(first[0], groups))
+    if groups.pp.rank == profiled_rank(variant, groups.pp.size):
+        timers = [stage_timer(s, groups) for s in stages]
+        planner.profile(lambda n: sum(t(n) for t in timers))
     if dist.is_initialized() and groups.sizes.world_size > 1:
-        box = [planner if groups.global_rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        planner = box[0]
+        box: list = [None] * groups.sizes.world_size
+        dist.all_gather_object(box, planner if planner.ready else None)
+        planner = next((p for p in box if p is not None), planner)
     if not planner.ready:
-        raise RuntimeError("no rank holding stage 0 profiled the DCPP planner (global rank 0 must hold stage 0)")
+        raise RuntimeError(f"no rank profiled the DCPP planner (mode {variant!r} profiles pipeline rank "
+                           f"{profiled_rank(variant, groups.pp.size)} of {groups.pp.size})")
     return planner
 
 
 def forward_dcpp_prefill(stages, input_ids, budget: int, groups: ParallelGroups, *,
-                         planner: DcppPlanner | None = None, variant: str = "vllm-ascend", **kw):
+                         planner: DcppPlanner | None = None, variant: str = DEFAULT_VARIANT, **kw):
     """Prefill with DCPP chunk sizes over the CPP (loop) layout. Pass a ``planner`` profiled once at
     start-up (:func:`profile_planner`) to avoid profiling on every call; other keywords go to
-    :func:`vpp.schedules.api.forward_prefill`."""
+    :func:`vpp.runtime.api.forward_prefill`."""
     from .api import forward_prefill
 
     planner = planner or profile_planner(stages, groups, budget, variant=variant)

@@ -20,7 +20,11 @@ Kernels, per device kind:
   (``is_causal``): no [Lq, Lk] mask is built, so its memory does not grow with the prefix; pieces come
   from ``aten._scaled_dot_product_flash_attention_for_cpu`` (it returns the log-sum-exp).
 * CUDA: PyTorch SDPA with the lazy bottom-right causal bias (no mask materialised); pieces from
-  ``aten._scaled_dot_product_flash_attention`` (fp16/bf16) or ``_efficient_attention`` (fp32).
+  ``aten._scaled_dot_product_flash_attention`` (fp16/bf16) or ``_efficient_attention`` (fp32). The
+  bias reaches a fused kernel only where one takes it: flash (16 bits, head width <= 256, grouped
+  heads included) or memory-efficient (any width, fp32, but no grouped heads); anything else would
+  materialise the [Lq, Lk] mask and run the math path, so :func:`sdpa_route` repeats the key/value
+  heads for the efficient kernel instead (memory grows with Lk, not Lq x Lk).
 * NPU: ``torch_npu.npu_fusion_attention`` (sparse_mode 3 = bottom-right causal, grouped-query heads
   natively); pieces from the same op's softmax max/sum. Import-guarded and untested without the
   hardware (``benchmarks/device_check.py`` exercises it on a machine that has one).
@@ -121,12 +125,31 @@ def _same_width(q, k, v):
     return tuple(F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t for t in (q, k, v))
 
 
+FLASH_MAX_WIDTH = 256
+
+
+def sdpa_route(dtype: torch.dtype, width: int, q_heads: int, kv_heads: int, lq: int, lk: int) -> str:
+    """How :func:`_sdpa` calls SDPA on CUDA so that no causal mask is materialised: ``"causal"`` (a
+    square block: ``is_causal``), ``"flash"`` (the lower-right bias with grouped heads, 16 bits and
+    width <= 256), ``"efficient"`` (the bias, equal head counts), ``"expand-kv"`` (the bias on the
+    efficient kernel after repeating the key/value heads, which it cannot group)."""
+    if lq == lk:
+        return "causal"
+    if dtype in (torch.float16, torch.bfloat16) and width <= FLASH_MAX_WIDTH:
+        return "flash"
+    return "efficient" if q_heads == kv_heads else "expand-kv"
+
+
 def _sdpa(q, k, v, scale):
     lq, lk, dv = q.shape[1], k.shape[1], v.shape[-1]
     q, k, v = _same_width(q, k, v)  # different widths send SDPA to its slow math path
-    mask = None if lq == lk else causal_lower_right(lq, lk)  # lazy: CUDA kernels never materialise it
+    route = sdpa_route(q.dtype, q.shape[-1], q.shape[0], k.shape[0], lq, lk)
+    if route == "expand-kv":
+        group = q.shape[0] // k.shape[0]
+        k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    mask = None if route == "causal" else causal_lower_right(lq, lk)  # lazy: a fused kernel takes it as is
     out = F.scaled_dot_product_attention(
-        q[None], k[None], v[None], attn_mask=mask, is_causal=lq == lk, scale=scale,
+        q[None], k[None], v[None], attn_mask=mask, is_causal=route == "causal", scale=scale,
         enable_gqa=q.shape[0] != k.shape[0],
     )
     return out[0, ..., :dv]

@@ -1,7 +1,7 @@
 """Mixture of experts with expert parallelism inside a stage's tensor-parallel group.
 
 Y = sum_{e in topk(x)} w_e(x) E_e(x) + S(x): routed SwiGLU experts E_e chosen per token by the
-:class:`~vpp.parallel.router.Router`, plus an optional always-on shared expert S.
+:class:`~vpp.transformer.router.Router`, plus an optional always-on shared expert S.
 
 Where the weights live. The E experts are split over the ``ep`` axis (EP rank r owns experts
 [r E/ep, (r+1) E/ep)), and each expert's intermediate dim over the ``etp`` axis (tp = ep x etp;
@@ -41,7 +41,11 @@ routed to other EP ranks' experts sort after the local ones into a segment no GE
 shape is static (T k rows) and nothing waits for the device. On CPU, where reading a tensor costs
 nothing, :class:`GroupedExperts` keeps the plain per-expert loop with the counts on the host: the
 reference the grouped path is tested against (``gemm="grouped_mm"`` forces the grouped path on CPU,
-where torch implements it too). "alltoall" dispatch needs its split sizes on the host (the collective
+where torch implements it too). ``torch._grouped_mm`` has a fused kernel only for bf16 on sm90/sm100
+(torch >= 2.9); elsewhere it falls back to a loop that copies the offsets to the host for every expert
+GEMM (and torch < 2.9 raises for fp32), so :func:`choose_expert_gemm` refuses float32 experts on CUDA
+with one line (use bf16, the default on accelerators) and runs other 16-bit cases with the per-expert
+loop (one host read of the counts per layer and chunk, with a warning). "alltoall" dispatch needs its split sizes on the host (the collective
 takes them as lists): one host synchronisation per layer on every device, a reason more to keep the
 default "allreduce".
 
@@ -63,9 +67,9 @@ from torch import nn
 
 from vpp.parallel.comm import all_to_all, gather_from_tp, reduce_from_tp
 from vpp.parallel.groups import ParallelGroups
-from vpp.parallel.mlp import DenseMLP
-from vpp.parallel.moe_config import ACTIVATIONS, MoEConfig
-from vpp.parallel.router import Router
+from vpp.transformer.mlp import DenseMLP
+from vpp.transformer.moe_config import ACTIVATIONS, MoEConfig
+from vpp.transformer.router import Router
 from vpp.parallel.sharding import ReadSlice, Shard, SliceLoader
 
 log = logging.getLogger(__name__)
@@ -74,19 +78,48 @@ DISPATCH = ("allreduce", "alltoall")
 GEMMS = ("loop", "grouped_mm", "npu")
 
 
-@lru_cache(maxsize=None)
-def grouped_gemm_for(device_type: str) -> str:
-    """The expert GEMM of a device kind: ``"grouped_mm"`` (CUDA with ``torch._grouped_mm``), ``"npu"``
-    (torch_npu's ``npu_grouped_matmul``) or ``"loop"`` (CPU, or a device without a grouped GEMM)."""
-    if device_type == "cuda" and hasattr(torch, "_grouped_mm"):
-        return "grouped_mm"
-    if device_type == "npu" and hasattr(_torch_npu(), "npu_grouped_matmul"):
+GROUPED_MM_ARCHS = ((9, 0), (10, 0))
+GROUPED_MM_TORCH = (2, 9)
+
+
+def choose_expert_gemm(device_type: str, dtype: torch.dtype, *, capability: tuple[int, int] | None = None,
+                       torch_version: tuple[int, int] = (0, 0), has_grouped_mm: bool = False,
+                       has_npu_gmm: bool = False) -> str:
+    """The expert GEMM for experts of ``dtype`` on a ``device_type`` device with these facts (pure, so
+    every case is tested on CPU): ``"grouped_mm"``, ``"npu"`` or ``"loop"``; raises ValueError (one
+    line) for float32 experts on CUDA, which no fused grouped kernel runs."""
+    if device_type == "cuda":
+        fused = (has_grouped_mm and dtype == torch.bfloat16 and capability in GROUPED_MM_ARCHS
+                 and torch_version >= GROUPED_MM_TORCH)
+        if fused:
+            return "grouped_mm"
+        if dtype == torch.float32:
+            raise ValueError(f"float32 MoE experts on CUDA (sm{''.join(map(str, capability or ()))}, torch "
+                             f"{'.'.join(map(str, torch_version))}) would copy the expert offsets to the host for "
+                             f"every expert GEMM (torch._grouped_mm fuses only bf16 on sm90/sm100, torch >= 2.9): "
+                             f"run the model in bfloat16 (--dtype bfloat16 or auto)")
+        return "loop"
+    if device_type == "npu" and has_npu_gmm:
         return "npu"
-    if device_type != "cpu":
-        log.warning("no grouped GEMM for %s in this torch%s: MoE falls back to the per-expert loop, which reads "
-                    "the expert counts on the host once per layer and chunk", device_type,
-                    "_npu" if device_type == "npu" else "")
     return "loop"
+
+
+@lru_cache(maxsize=None)
+def expert_gemm_for(device: torch.device, dtype: torch.dtype) -> str:
+    """:func:`choose_expert_gemm` with this machine's facts for ``device`` (warns where it falls back
+    to the per-expert loop on an accelerator)."""
+    facts = {}
+    if device.type == "cuda":
+        version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+        facts = dict(capability=tuple(torch.cuda.get_device_capability(device)), torch_version=version,
+                     has_grouped_mm=hasattr(torch, "_grouped_mm"))
+    elif device.type == "npu":
+        facts = dict(has_npu_gmm=hasattr(_torch_npu(), "npu_grouped_matmul"))
+    gemm = choose_expert_gemm(device.type, dtype, **facts)
+    if gemm == "loop" and device.type not in ("cpu", "meta"):
+        log.warning("no fused grouped GEMM for %s experts on %s: MoE falls back to the per-expert loop, which reads "
+                    "the expert counts on the host once per layer and chunk", dtype, device)
+    return gemm
 
 
 def _torch_npu():
@@ -103,8 +136,8 @@ class GroupedExperts(nn.Module):
     ``forward(x, counts)`` takes rows already grouped by local expert (``counts[e]`` rows for expert
     e, in order, a host list: one GEMM per expert) and returns each row's expert output (partial over
     etp), in the same order. :meth:`grouped` takes the segment ends as a device tensor instead and runs
-    one grouped GEMM per projection. ``gemm`` picks the kernel (None: :func:`grouped_gemm_for` the
-    input's device).
+    one grouped GEMM per projection. ``gemm`` picks the kernel (None: :func:`expert_gemm_for` the
+    input's device and the weights' dtype).
     """
 
     def __init__(self, num_local: int, hidden_size: int, local_intermediate: int, hidden_act: str, *,
@@ -118,6 +151,8 @@ class GroupedExperts(nn.Module):
                                                      dtype=dtype, device=device), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(num_local, hidden_size, local_intermediate,
                                                   dtype=dtype, device=device), requires_grad=False)
+        if gemm is None and self.down_proj.device.type != "meta":
+            self.backend(self.down_proj.device)  # refuses float32 experts on CUDA here, at build time
 
     def forward(self, x: torch.Tensor, counts: list[int], experts: list[int] | None = None) -> torch.Tensor:
         """Rows come in consecutive segments, ``counts[i]`` rows for local expert ``experts[i]``
@@ -134,7 +169,7 @@ class GroupedExperts(nn.Module):
         return out
 
     def backend(self, device: torch.device) -> str:
-        return self.gemm or grouped_gemm_for(device.type)
+        return self.gemm or expert_gemm_for(device, self.down_proj.dtype)
 
     def grouped(self, x: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """Rows of local expert e are ``x[ends[e-1]:ends[e]]`` (``ends`` [E_local] int, on the device);

@@ -84,8 +84,14 @@ def init_distributed(
     world_size: int | None = None,
     local_rank: int | None = None,
     timeout_s: float = 600.0,
+    startup_timeout_s: float = 300.0,
 ) -> tuple[Accelerator, int]:
     """Initialise ``torch.distributed`` for this process; returns the accelerator and local rank.
+
+    ``timeout_s`` bounds every collective of the process group. Start-up is bounded apart, by
+    ``startup_timeout_s``: every rank first waits for all the others at the rendezvous store, and only
+    then is the group built (gloo, NCCL and HCCL fix a group's timeout when it is built, so a peer whose
+    interpreter starts slowly on a loaded machine would otherwise fail a short ``timeout_s``).
 
     Under torchrun, ``rank``/``world_size`` come from the environment. Already-initialised processes
     are left alone. The local rank picks the card on multi-device nodes (``local_rank`` when given,
@@ -103,13 +109,29 @@ def init_distributed(
     elif acc.kind == "npu":
         torch.npu.set_device(local_rank)  # type: ignore[attr-defined]
     if not dist.is_initialized():
-        kwargs: dict[str, Any] = {}
-        if rank is not None:
-            kwargs.update(rank=rank, world_size=world_size)
-        dist.init_process_group(
-            acc.backend, init_method=init_method, timeout=datetime.timedelta(seconds=timeout_s), **kwargs
-        )
+        store, rank, world_size = _rendezvous(init_method, rank, world_size, startup_timeout_s)
+        dist.init_process_group(acc.backend, store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
     return acc, local_rank
+
+
+def _rendezvous(init_method: str, rank: int | None, world_size: int | None,
+                timeout_s: float) -> tuple[dist.Store, int, int]:
+    """The rendezvous store of ``init_method`` (env:// reads torchrun's variables), once every rank has
+    reached it (waiting up to ``timeout_s``)."""
+    store, rank, world_size = next(dist.rendezvous(
+        init_method, rank=-1 if rank is None else rank, world_size=-1 if world_size is None else world_size,
+        timeout=datetime.timedelta(seconds=timeout_s)))
+    store.set_timeout(datetime.timedelta(seconds=timeout_s))
+    key = "vpp-started"
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout_s
+    while int(store.add(key, 0)) < world_size:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"global rank {rank}: {int(store.add(key, 0))} of {world_size} ranks reached the "
+                               f"rendezvous within {timeout_s:.0f}s")
+        time.sleep(0.01)
+    return store, rank, world_size
 
 
 def check_device_count(acc: Accelerator, ranks: int) -> None:
@@ -122,16 +144,17 @@ def check_device_count(acc: Accelerator, ranks: int) -> None:
 
 def _rank_main(
     rank: int, world_size: int, init_file: str, fn: Callable, args: tuple, results: Any,
-    threads: int, pg_timeout_s: float, kind: str, parent_pid: int,
+    threads: int, pg_timeout_s: float, kind: str, parent_pid: int, startup_timeout: float,
 ) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     try:
         torch.set_num_threads(threads)
         init_distributed(
-            get_accelerator(kind), init_method=f"file://{init_file}", rank=rank,
-            world_size=world_size, local_rank=rank, timeout_s=pg_timeout_s,
+            get_accelerator(kind), init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+            local_rank=rank, timeout_s=pg_timeout_s, startup_timeout_s=startup_timeout,
         )
+        results.put((rank, _UP, None, None))  # running: the parent's run deadline counts from here
         value = fn(rank, world_size, *args)
         # plain pickle copies tensors by value: torch's queue would pass shared-memory handles that
         # die with this process before the parent reads them
@@ -155,6 +178,7 @@ def run_distributed(
     threads: int = 1,
     pg_timeout_s: float | None = None,
     device: str | None = "cpu",
+    startup_timeout: float = 300.0,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes of this node: CPU
     ranks on gloo by default; ``device="cuda"``/``"npu"`` (or ``None``: whatever this machine has) puts
@@ -163,9 +187,16 @@ def run_distributed(
     ``fn`` and ``args`` must be picklable (a module-level function). Returns the per-rank return
     values in rank order. Raises :class:`RankFailure` with the failing rank's traceback as soon as a
     rank raises or exits without reporting, or when ``timeout`` seconds pass.
+
+    Deadlines count from when the ranks run, not from the spawn: start-up (interpreters, imports, the
+    rendezvous) has ``startup_timeout`` seconds until every rank has initialised its process group,
+    and the run has ``timeout`` seconds from the moment the last rank did. A machine slow to start
+    interpreters therefore never eats the run's time, and a rank is blamed for a hang only once it
+    ran. (A rank stuck in the rendezvous because a peer never came fails by itself after
+    ``pg_timeout_s``.)
     """
-    if timeout <= 0:
-        raise ValueError(f"timeout={timeout} must be > 0 seconds")
+    if timeout <= 0 or startup_timeout <= 0:
+        raise ValueError(f"timeout={timeout} and startup_timeout={startup_timeout} must be > 0 seconds")
     acc = get_accelerator(device)
     check_device_count(acc, world_size)
     ctx = mp.get_context("spawn")
@@ -176,7 +207,7 @@ def run_distributed(
             ctx.Process(
                 target=_rank_main,
                 args=(r, world_size, init_file, fn, args, results, threads, pg_timeout_s or timeout, acc.kind,
-                      os.getpid()),
+                      os.getpid(), startup_timeout),
                 daemon=True,
             )
             for r in range(world_size)
@@ -184,7 +215,7 @@ def run_distributed(
         try:
             for p in procs:
                 p.start()
-            return _collect(procs, results, world_size, timeout)
+            return _collect(procs, results, world_size, timeout, startup_timeout)
         finally:
             _stop(procs)
 
@@ -220,8 +251,13 @@ class _stop_on_sigterm:
             signal.signal(signal.SIGTERM, self.previous)
 
 
-def _collect(procs: list, results: Any, world_size: int, timeout: float) -> list[Any]:
-    deadline = time.monotonic() + timeout
+_UP = "up"  # a rank's first message: it runs (process group initialised), the run deadline starts
+
+
+def _collect(procs: list, results: Any, world_size: int, timeout: float, startup_timeout: float) -> list[Any]:
+    start_deadline = time.monotonic() + startup_timeout  # until every rank runs (see run_distributed)
+    run_deadline: float | None = None
+    up: set[int] = set()
     values: dict[int, Any] = {}
     dead_since: dict[int, float] = {}
     while len(values) < world_size:
@@ -234,12 +270,22 @@ def _collect(procs: list, results: Any, world_size: int, timeout: float) -> list
                     # give its last message a moment to arrive through the queue's pipe
                     if now - dead_since.setdefault(r, now) > 2.0:
                         raise RankFailure(r, f"rank {r} exited with code {p.exitcode} without reporting")
-            if now > deadline:
+            if run_deadline is None and now > start_deadline:
+                late = sorted(set(range(world_size)) - up)
+                raise RankFailure(late[0], f"ranks {late} of {world_size} did not start running within "
+                                           f"{startup_timeout:.0f}s of being spawned (interpreter start-up or "
+                                           f"rendezvous)")
+            if run_deadline is not None and now > run_deadline:
                 missing = sorted(set(range(world_size)) - set(values))
                 raise RankFailure(
                     missing[0] if missing else None,
-                    f"timed out after {timeout:.0f}s waiting for ranks {missing} of {world_size}",
+                    f"timed out after {timeout:.0f}s of running waiting for ranks {missing} of {world_size}",
                 )
+            continue
+        if ok == _UP:
+            up.add(rank)
+            if len(up) == world_size:
+                run_deadline = time.monotonic() + timeout
             continue
         if not ok:
             _raise_root_failure(procs, results, world_size, {rank: (value, blamed)}, values)
@@ -257,6 +303,8 @@ def _raise_root_failure(procs, results, world_size, failures: dict[int, tuple], 
         try:
             rank, ok, value, blamed = results.get(timeout=0.1)
         except queue.Empty:
+            continue
+        if ok == _UP:
             continue
         (failures.setdefault(rank, (value, blamed)) if not ok else values.setdefault(rank, pickle.loads(value)))
     named = [b for _, b in failures.values() if b is not None and b not in failures]

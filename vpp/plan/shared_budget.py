@@ -1,0 +1,74 @@
+"""One token budget shared by the requests of a stream: each step carries up to ``budget`` tokens, the
+rest of the running request first, then the first chunks of the requests after it, in order, as vLLM's
+scheduler builds a batch (running requests, then waiting ones, while the token budget lasts; a request
+cut by the budget ends the step). With a DCPP planner every piece is also capped by the planner's
+chunk, and the step's time budget is shared as vLLM-Ascend does (#9900): the target less the predicted
+time of the pieces already in the step; a request is not added once it is spent.
+
+The steps become ordinary chunk lists: a request's chunk is its piece of one step, so a step of two
+requests is two compute actions per stage, run back to back (one stage call per request chunk). The
+plan, verifier, simulator and executor need nothing new for that. Why one call per request chunk: a
+stage computes one request per call (its caches are keyed by request, and a batched call would need
+a variable-length attention over several requests' caches); the work is the same, and what the split
+costs is one call's overhead per extra piece (tens of microseconds per action on the CPU ranks,
+``vpp prefill``'s "overhead us/action"), which the simulator charges too (a per-chunk cost term).
+
+All requests are taken as present from the start (arrival 0); the executor's admission gate still
+holds a request's first chunk until it arrives, so later arrivals cost time, never correctness.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from .dcpp import DcppPlanner
+from .ir import Request
+
+
+def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None
+                        ) -> list[list[tuple[int, int]]]:
+    """The steps of a stream: each a list of (request index, tokens) summing to at most ``budget``."""
+    lengths = [int(n) for n in lengths]
+    if budget < 1:
+        raise ValueError(f"budget={budget} tokens must be >= 1")
+    if any(n < 1 for n in lengths):
+        raise ValueError(f"prompt lengths {lengths} must be >= 1 token")
+    done = [0] * len(lengths)
+    steps, head = [], 0
+    while head < len(lengths):
+        left, step = budget, []
+        time_left = planner.target if planner is not None else None
+        q = head
+        while left > 0 and q < len(lengths):
+            rest = lengths[q] - done[q]
+            want = rest
+            if planner is not None:
+                if step and time_left is not None and time_left <= 0:
+                    break
+                want = planner.next_chunk(done[q], rest, first=done[q] == 0,
+                                          time_budget_ms=time_left if step else None)
+            n = min(want, left, rest)
+            step.append((q, n))
+            if planner is not None and time_left is not None:
+                time_left -= planner.time(n, done[q]) * 1000.0
+            done[q] += n
+            left -= n
+            if done[q] < lengths[q]:
+                break                      # cut by the budget (or the planner): the step is full
+            q += 1
+        steps.append(step)
+        while head < len(lengths) and done[head] == lengths[head]:
+            head += 1
+    return steps
+
+
+def shared_budget_requests(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
+                           arrivals: Iterable[float] | None = None, first_id: int = 0) -> list[Request]:
+    """Requests whose chunks are their pieces of :func:`shared_budget_steps`."""
+    lengths = list(lengths)
+    arrivals = [0.0] * len(lengths) if arrivals is None else list(arrivals)
+    sizes: list[list[int]] = [[] for _ in lengths]
+    for step in shared_budget_steps(lengths, budget, planner=planner):
+        for q, n in step:
+            sizes[q].append(n)
+    return [Request(first_id + i, tuple(s), a) for i, (s, a) in enumerate(zip(sizes, arrivals))]

@@ -1,0 +1,120 @@
+"""What the executor asks of a backend whose device orders the work (NCCL, HCCL): enqueue, never wait.
+
+On gloo a transfer runs in host threads, so the host must wait for it before the data can be used
+(:mod:`.watchdog`). On NCCL and HCCL every operation is queued on a device stream and the streams order
+it; :class:`StreamOps` is the handful of primitives the executor uses there:
+
+* ``isend`` / ``irecv`` post on the pair communicator's own stream. ProcessGroupNCCL first makes that
+  stream wait for the work already queued on the *current* stream (``syncStream``), so a receive posted
+  before a compute is enqueued is not held back by that compute: the plan lists every receive ahead of
+  the compute that precedes its consumer, and the executor posts in plan order.
+* ``order_after(work)`` is ``Work.wait()``: on NCCL/HCCL it makes the current stream wait for the
+  transfer's end event and returns at once; the host does not wait.
+* ``mark()`` records an event on the current stream; ``is_done(handle)`` queries an event or a Work
+  without blocking (``Work.is_completed()`` is a query of the work's end event on NCCL/HCCL).
+* ``host_wait(event, check)`` is the only place the host waits for the device: the run-ahead bound and
+  the end of a run (never a transfer in the steady state). It polls the event every <= 1 ms, calling
+  ``check()`` (the watchdog thread's verdict) in between, so a fault stops the rank even there.
+* ``warm(pairs)`` makes the first (set-up) exchange of each pair communicator, see
+  :func:`warm_pair_communicators`.
+
+Counters: ``host_transfer_waits`` (host waits on a transfer: a communicator's set-up, or the end of a
+run's sends), ``host_compute_waits`` (run-ahead bound), ``end_waits``. An emulated device
+(:mod:`.device_emulation`) implements the same primitives in virtual time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from vpp.parallel.comm import irecv, isend
+from vpp.parallel.groups import Group, ParallelGroups
+
+STREAM_ORDERED_BACKENDS = ("nccl", "hccl")
+
+# How many computes the host may have queued beyond the oldest one the device has not finished. Two:
+# one running and one queued keep the device busy whatever the host's jitter; each compute ahead holds
+# its input, output and the receive buffers posted before it, so more only grows memory.
+RUN_AHEAD_COMPUTES = 2
+
+
+def orders_on_device(groups: ParallelGroups) -> bool:
+    """True when the pipeline's process group is NCCL or HCCL (asked of the group, not the machine)."""
+    pg = groups.pp.pg
+    if pg is None or not dist.is_initialized():
+        return False
+    return str(dist.get_backend(pg)).lower() in STREAM_ORDERED_BACKENDS
+
+
+class StreamOps:
+    """The device primitives on CUDA / NPU with NCCL / HCCL (see the module docstring)."""
+
+    def __init__(self, module, *, max_pause_s: float = 1e-3):
+        self.module = module  # torch.cuda or torch.npu
+        self.max_pause_s = max_pause_s
+        self.host_transfer_waits = self.host_compute_waits = self.end_waits = 0
+
+    def isend(self, x: torch.Tensor, peer: int, group: Group):
+        return isend(x, peer, group)
+
+    def irecv(self, buf: torch.Tensor, peer: int, group: Group):
+        return irecv(buf, peer, group)
+
+    def order_after(self, work) -> None:
+        work.wait()  # NCCL/HCCL: the current stream waits for the work's end event; the host does not
+
+    def mark(self):
+        event = self.module.Event()
+        event.record()
+        return event
+
+    def is_done(self, handle) -> bool:
+        return bool(handle.query() if hasattr(handle, "query") else handle.is_completed())
+
+    def host_wait(self, event, check: Callable[[], None], *, end: bool = False) -> None:
+        if end:
+            self.end_waits += 1
+        else:
+            self.host_compute_waits += 1
+        pause = 1e-5
+        while not event.query():
+            check()
+            time.sleep(pause)
+            pause = min(pause * 2, self.max_pause_s)
+
+    def warm(self, groups: ParallelGroups, peers: Iterable[int]) -> None:
+        warm_pair_communicators(groups, peers, self)
+
+
+def stream_ops_for(groups: ParallelGroups) -> StreamOps | None:
+    """:class:`StreamOps` for a pipeline on NCCL/HCCL, None for gloo (the host-waiting path)."""
+    if not orders_on_device(groups):
+        return None
+    return StreamOps(groups.accelerator.module())
+
+
+def neighbours(layout, rank: int) -> set[int]:
+    """The pipeline ranks that ``rank`` exchanges activations with under ``layout`` (holders of the
+    stages next to its own): the pair communicators a plan on it can use."""
+    return {layout.rank_of(s + d) for s in layout.stages_of(rank) for d in (-1, 1)
+            if 0 <= s + d < layout.num_stages} - {rank}
+
+
+def warm_pair_communicators(groups: ParallelGroups, peers: Iterable[int], ops) -> None:
+    """Make the first exchange of every pair communicator this rank's plans use, so that NCCL/HCCL's
+    lazy communicator set-up (a host-blocking rendezvous with the peer) happens here and not inside a
+    prefill's TTFT. ``peers``: the pipeline ranks this rank exchanges with; the channel of each direction
+    of each pair carries one element (every rank walks its peers in increasing order and each pair's
+    two directions lower rank first, so the pairs meet without a cycle)."""
+    me = groups.pp.rank
+    one = torch.zeros(1, device=groups.device)
+    for peer in sorted(set(peers) - {me}):
+        lo, hi = min(me, peer), max(me, peer)
+        for src, dst in ((lo, hi), (hi, lo)):  # the same order on both ranks of the pair
+            group = groups.pp_channel(src, dst)
+            work = ops.isend(one, dst, group) if src == me else ops.irecv(torch.empty(1, device=groups.device), src, group)
+            ops.order_after(work)
