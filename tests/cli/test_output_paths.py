@@ -99,3 +99,9 @@ def test_save_logits_symlink_written_through(tmp_path, capsys):
     assert got["input_ids"].numel() == 256 and got["logits.cpp"].ndim == 1
     from vpp.safe_write import current_umask
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o666 & ~current_umask()  # as created, not 0600
+
+
+def test_save_kv_directory_with_a_special_file_inside(tmp_path, capsys):
+    kind = _device_node(tmp_path / "rank-00001.safetensors")
+    _refused(capsys, ["generate", "--save-kv", str(tmp_path), "--seq-len", "16", "--max-new-tokens", "2"],
+             f"rank-00001.safetensors: is {kind}")

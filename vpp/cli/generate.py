@@ -28,7 +28,8 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
-from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int)
+from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int,
+                          writable_files_in)
 from vpp.cli.checks import open_checked
 from vpp.cli.memory_check import check_memory, check_positions
 from vpp.cli.terminal import setup_logging
@@ -155,7 +156,7 @@ def check(args) -> None:
                            load_kv=args.load_kv, first_tokens=saved["generated"] if saved else None,
                            sampler_state=saved.get("sampler_state") if saved else None)
     if args.save_kv:
-        _check_output_dir(args.save_kv)
+        _check_output_dir(args.save_kv, args.tp * args.pp)
 
 
 def _saved_request(directory: str) -> dict:
@@ -169,13 +170,15 @@ def _saved_request(directory: str) -> dict:
         raise UsageError(f"--load-kv {directory}: {exc}") from None
 
 
-def _check_output_dir(directory: str) -> None:
+def _check_output_dir(directory: str, ranks: int) -> None:
     import os
     if os.path.exists(os.path.join(directory, "manifest.json")):
         raise UsageError(f"--save-kv {directory}: already holds saved caches (manifest.json); choose an empty directory")
     parent = os.path.dirname(os.path.abspath(directory))
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise UsageError(f"--save-kv {directory}: cannot create it in {parent}")
+    # what the ranks will write there: no special file, directory or read-only file in the way
+    writable_files_in(directory, ["manifest.json"] + [f"rank-{r:05d}.safetensors" for r in range(ranks)], "--save-kv")
 
 
 def _tokenizer(args):
