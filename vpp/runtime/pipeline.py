@@ -159,10 +159,10 @@ class Pipeline:
         local = [(s, q, self._nonfinite_layer(s, q)) for s, q in local]  # only after a non-finite run
         found = [local]
         if dist.is_initialized() and self.groups.sizes.world_size > 1:
-            rendezvous(f"the finiteness exchange after the {what}", self.groups.global_rank,
-                       self.groups.sizes.world_size, timeout_s=self.timeout_s)
+            rendezvous(f"the finiteness exchange after the {what}", self.groups.global_rank, self.groups.members,
+                       timeout_s=self.timeout_s)
             found = [None] * self.groups.sizes.world_size
-            dist.all_gather_object(found, local)
+            dist.all_gather_object(found, local, group=self.groups.instance_pg)
         first = finite.first_nonfinite(found)
         if first is not None:
             finite.raise_nonfinite(first, self.layout, dict(enumerate(self.layout.stage_layers)), what=what)
