@@ -39,5 +39,7 @@ def figure(width=8.0, height=4.5):
 def save(fig, out_dir: str, name: str) -> str:
     path = os.path.join(out_dir, name)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from vpp.safe_write import atomic_open
+    with atomic_open(path, "wb") as f:  # a new or regular file, replaced whole
+        fig.savefig(f, dpi=110, format=os.path.splitext(name)[1].lstrip(".") or "png")
     return path

@@ -54,22 +54,14 @@ def _trim() -> None:
 
 
 def _rank(rank: int, world: int, model: str, schedule: str, length: int, chunk: int, workspace: int | None) -> dict:
-    from vpp.models import build_stage, model_config, random_checkpoint
-    from vpp.models.registry import snap_partition
-    from vpp.models.tiny import TINY_CONFIGS
+    from vpp.models import build_stage, random_checkpoint
     from vpp.parallel import initialize_model_parallel
     from vpp.transformer.attention.workspace import set_workspace_bytes
-    from vpp.plan import make_layout, strategies
     from vpp.runtime.api import forward_prefill
     from vpp.bench.prefill_rounds import cache_bytes, weight_bytes
     groups = initialize_model_parallel(1, world)
     acc, device = groups.accelerator, groups.device
-    cfg = model_config(dict(TINY_CONFIGS[model], max_position_embeddings=max(length, 32768)))
-    n = cfg["num_hidden_layers"]
-    kind = strategies.get(schedule).layout
-    stages_n = world * (1 if kind == "loop" else 2)
-    layout = make_layout(kind, n, world, partition=snap_partition(n, stages_n, tuple(
-        i for i in range(n) if cfg.get("indexer_types") is None or cfg["indexer_types"][i] != "shared")))
+    cfg, layout = _config_layout(model, schedule, world, length)
     weights = random_checkpoint(cfg, 0)
     stages = [build_stage(cfg, layout.stage_layers[s], groups, weights=weights) for s in layout.stages_of(groups.pp.rank)]
     del weights
@@ -100,6 +92,34 @@ def _rank(rank: int, world: int, model: str, schedule: str, length: int, chunk: 
             "max_live_sends": out.result.meta.get("max_live_sends")}
 
 
+def _config_layout(model: str, schedule: str, world: int, length: int):
+    from vpp.models import model_config
+    from vpp.models.registry import snap_partition
+    from vpp.models.tiny import TINY_CONFIGS
+    from vpp.plan import make_layout, strategies
+    cfg = model_config(dict(TINY_CONFIGS[model], max_position_embeddings=max(length, 32768)))
+    n = cfg["num_hidden_layers"]
+    kind = strategies.get(schedule).layout
+    stages_n = world * (1 if kind == "loop" else 2)
+    layout = make_layout(kind, n, world, partition=snap_partition(n, stages_n, tuple(
+        i for i in range(n) if cfg.get("indexer_types") is None or cfg["indexer_types"][i] != "shared")))
+    return cfg, layout
+
+
+def _plan(model: str, schedule: str, world: int, length: int, chunk: int, workspace: int | None) -> list:
+    """The plan ``vpp prefill`` checks before starting ranks (vpp.perf.memory_plan), for this cell."""
+    from types import SimpleNamespace
+    from vpp.cli.memory_check import plan_ranks
+    from vpp.perf.memory_plan import CPU_WORKSPACE
+    cfg, layout = _config_layout(model, schedule, world, length)
+    plans = plan_ranks(SimpleNamespace(config=cfg, dtype=torch.float32), layout, tp=1, tokens=length, chunk=chunk,
+                       device="cpu")
+    if workspace is not None:  # the ranks ran with another attention budget
+        from dataclasses import replace
+        plans = [replace(p, activations=p.activations - CPU_WORKSPACE + workspace) for p in plans]
+    return plans
+
+
 def _rss() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -119,12 +139,23 @@ def markdown(rows: list[dict], args, load: tuple) -> str:
              "before the run (interpreter, torch, weights) is shown as 'before'; glibc with "
              f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_')} (freed tensors leave the resident "
              "set). MiB.", "",
-             "| schedule | tokens | rank | weights | KV cache | rest | before | peak | KV per token (B) | s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "Plan: what `vpp prefill` checks against the available memory before starting any rank "
+             "(vpp.perf.memory_plan: weights and KV cache from the meta-built stages and the config, activations = "
+             "attention workspace + one layer's working set + 2 chunk outputs in flight, runtime = the resident set "
+             "of the planning process, which imported torch as a rank does); plan/peak compares it with the "
+             "measured peak.", "",
+             "| schedule | tokens | rank | weights | KV cache | rest | before | peak | plan | plan act. | plan/peak | KV per token (B) | s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['schedule']} | {r['length']} | {r['rank']} | {r['weights'] / MIB:.1f} | {r['kv'] / MIB:.1f} | "
                      f"{r['rest'] / MIB:.1f} | {r['before'] / MIB:.1f} | {r['peak'] / MIB:.1f} | "
+                     f"{r['plan']['total'] / MIB:.1f} | {r['plan']['activations'] / MIB:.1f} | {r['plan_over_peak']:.3f} | "
                      f"{r['kv'] / r['length']:.0f} | {r['wall_s']:.0f} |")
+    ratios = sorted(r["plan_over_peak"] for r in rows)
+    if ratios:
+        lines += ["", f"plan / measured peak over {len(ratios)} rank-cells: median {ratios[len(ratios) // 2]:.3f}, "
+                      f"min {ratios[0]:.3f}, max {ratios[-1]:.3f}; largest |error| "
+                      f"{100 * max(abs(x - 1) for x in ratios):.1f}%"]
     by = {}
     for r in rows:
         by.setdefault((r["schedule"], r["rank"]), []).append(r)
@@ -145,7 +176,10 @@ def main() -> int:
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--workspace", type=int, default=None, help="attention workspace budget in bytes")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    p.add_argument("--quick", action="store_true", help="a smoke run: 1K and 2K tokens, 256-token chunks, cpp only")
     args = p.parse_args()
+    if args.quick:
+        args.lengths, args.chunk, args.schedules = "1024,2048", 256, "cpp"
     from vpp.parallel import run_distributed
     # read by glibc when each spawned rank starts (see the module docstring)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
@@ -155,18 +189,22 @@ def main() -> int:
         for schedule in args.schedules.split(","):  # interleaved per length
             got = run_distributed(_rank, args.pp, args.model, schedule, length, args.chunk, args.workspace,
                                   timeout=7200.0)
+            plans = _plan(args.model, schedule, args.pp, length, args.chunk, args.workspace)
+            for r in got:
+                p = plans[r["rank"]]
+                r.update(plan=p.to_dict(), plan_over_peak=p.total / r["peak"] if r["peak"] else None)
             rows += got
             for r in got:
                 print(f"{schedule} {length} rank {r['rank']}: weights {r['weights'] / MIB:.1f} kv {r['kv'] / MIB:.1f} "
-                      f"rest {r['rest'] / MIB:.1f} peak {r['peak'] / MIB:.1f} MiB ({r['wall_s']:.0f} s)", flush=True)
+                      f"rest {r['rest'] / MIB:.1f} peak {r['peak'] / MIB:.1f} MiB, plan {r['plan']['total'] / MIB:.1f} "
+                      f"({r['wall_s']:.0f} s)", flush=True)
     text = markdown(rows, args, os.getloadavg())
     print(text)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "memory.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(args.out, "memory.json"), "w") as f:
-            json.dump({"command": sys.argv, "rows": rows}, f, indent=1)
+        from vpp.safe_write import write_text
+        write_text(os.path.join(args.out, "memory.md"), text)
+        write_text(os.path.join(args.out, "memory.json"), json.dumps({"command": sys.argv, "rows": rows}, indent=1))
     return 0
 
 

@@ -281,6 +281,10 @@ def _check(groups: ParallelGroups, model, prompt, last_logits, rows) -> dict:
             result[row.schedule] = row.max_abs_diff
         result["reference_argmax"] = int(ref.argmax())
         result["reference_max_abs"] = float(ref.abs().max())
+        if not bool(torch.isfinite(ref).all()):  # never a pass: name where the reference stopped being finite
+            layer = ref_stage.nonfinite_layer("reference")
+            result["reference_nonfinite"] = ("the unpipelined reference's logits hold NaN or Inf"
+                                             + (f" (first at the output of layer {layer})" if layer is not None else ""))
     out = gather_all(groups, result)
     return out[0]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 
 
 class UsageError(Exception):
@@ -80,38 +79,34 @@ def _float(text: str) -> float:
     return value
 
 
-def writable_file(path: str, option: str) -> None:
-    """``path`` can be created or overwritten: its folder exists and is writable, it is not a folder."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise UsageError(f"{option} {path}: is a directory, not a file")
-    if not os.path.isdir(folder):
-        raise UsageError(f"{option} {path}: the folder {folder} does not exist")
-    if not _can_write_in(folder) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UsageError(f"{option} {path}: not writable")
-
-
-def writable_dir(path: str, option: str) -> None:
-    """``path`` is a writable folder, or can be created as one."""
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if not os.path.isdir(probe):
-        raise UsageError(f"{option} {path}: {probe} is a file, not a folder")
-    if not _can_write_in(probe):
-        raise UsageError(f"{option} {path}: {probe} is not writable")
-
-
-def _can_write_in(folder: str) -> bool:
-    """Try it (permission bits say nothing for root, nor about read-only file systems)."""
+def writable_file(path: str, option: str) -> str:
+    """``path`` is a new or writable regular file (a symlink is followed to one): see
+    :mod:`vpp.safe_write`. Returns the resolved path."""
+    from vpp.safe_write import OutputPathError, check_output_file
     try:
-        with tempfile.TemporaryFile(dir=folder):
-            return True
-    except OSError:
-        return False
+        return check_output_file(path, option)
+    except OutputPathError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def writable_files_in(folder: str, names, option: str) -> str:
+    """``folder`` is (or can be created as) a writable folder, and each of ``names`` inside it that already
+    exists is a writable regular file (or a symlink to one)."""
+    real = writable_dir(folder, option)
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.lexists(path):
+            writable_file(path, option)
+    return real
+
+
+def writable_dir(path: str, option: str) -> str:
+    """``path`` is a writable folder, or can be created as one."""
+    from vpp.safe_write import OutputPathError, check_output_dir
+    try:
+        return check_output_dir(path, option)
+    except OutputPathError as exc:
+        raise UsageError(str(exc)) from None
 
 
 MAX_SIM_CHUNKS = 50_000  # simulations plan every chunk: beyond this, time and memory run away

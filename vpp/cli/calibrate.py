@@ -13,7 +13,8 @@ import json
 import os
 
 from vpp.bench.calibrate import calibrate
-from vpp.cli.args import UsageError, positive_int, writable_dir
+from vpp.cli.args import UsageError, positive_int, writable_dir, writable_file
+from vpp.safe_write import write_text
 
 
 def add_arguments(parser) -> None:
@@ -33,9 +34,10 @@ def add_arguments(parser) -> None:
 def check(args) -> None:
     if args.chunk > args.tokens:
         raise UsageError(f"--chunk {args.chunk} is longer than --tokens {args.tokens}")
-    if os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out}: is a directory, not a file")
-    writable_dir(os.path.dirname(os.path.abspath(args.out)), "--out")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        writable_dir(os.path.dirname(os.path.abspath(args.out)), "--out")  # created at the end
+    else:
+        writable_file(args.out, "--out")
 
 
 def run(args) -> int:
@@ -56,7 +58,6 @@ def run(args) -> int:
               f"max {100 * c['max_abs_error']:.1f}%, last/first {c['last_over_first_measured']:.2f} measured, "
               f"{c['last_over_first_predicted']:.2f} predicted")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_text(args.out, json.dumps(result, indent=1), option="--out")
     print(f"wrote {args.out}")
     return 0

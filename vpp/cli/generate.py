@@ -28,8 +28,10 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
-from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int)
+from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int,
+                          writable_files_in)
 from vpp.cli.checks import open_checked
+from vpp.cli.memory_check import check_memory, check_positions
 from vpp.cli.terminal import setup_logging
 from vpp.plan import strategies
 
@@ -121,12 +123,18 @@ def check(args) -> None:
         ids = saved["prompt_ids"]
     elif args.prompt is not None or args.prompt_file is not None:
         text = args.prompt if args.prompt is not None else _read(args.prompt_file)
+        if not text.strip():  # a tokenizer would still give its BOS: a one-token prompt nobody asked for
+            option = "--prompt" if args.prompt is not None else f"--prompt-file {args.prompt_file}"
+            raise UsageError(f"{option}: the prompt is empty ({len(text)} characters, no text)")
         try:
             ids = text_prompt(args.tokenizer, text, vocab_size=int(model.config["vocab_size"])).tolist()
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     else:
         import torch
+        if args.seq_len is not None:  # before building the prompt
+            check_positions(model.config, args.seq_len + args.max_new_tokens,
+                            f"--seq-len {args.seq_len} plus --max-new-tokens {args.max_new_tokens}")
         vocab = int(model.config["vocab_size"])
         ids = torch.randint(0, vocab, (args.seq_len or 128,), generator=torch.Generator().manual_seed(args.seed)).tolist()
     if args.cached_prefix >= len(ids):
@@ -135,6 +143,10 @@ def check(args) -> None:
     if limit is not None and len(ids) + args.max_new_tokens > limit:
         raise UsageError(f"a prompt of {len(ids)} tokens plus --max-new-tokens {args.max_new_tokens} exceeds the "
                          f"model's {limit} positions")
+    from vpp.bench.prefill_rounds import layout_for
+    check_memory(model, {args.schedule: layout_for(model, args.schedule, args.pp)}, tp=args.tp,
+                 tokens=len(ids) + args.max_new_tokens, chunk=args.chunk_size,
+                 option=f" plus {args.max_new_tokens} new tokens")
     args.job = GenerateJob(args.model, args.tp, args.pp, args.schedule, args.chunk_size, args.max_new_tokens, ids,
                            args.temperature, args.top_k, args.top_p, args.seed, args.dtype, args.timeout,
                            stream=not args.json, eos_token_id=model.config.get("eos_token_id")
@@ -144,7 +156,7 @@ def check(args) -> None:
                            load_kv=args.load_kv, first_tokens=saved["generated"] if saved else None,
                            sampler_state=saved.get("sampler_state") if saved else None)
     if args.save_kv:
-        _check_output_dir(args.save_kv)
+        _check_output_dir(args.save_kv, args.tp * args.pp)
 
 
 def _saved_request(directory: str) -> dict:
@@ -158,13 +170,15 @@ def _saved_request(directory: str) -> dict:
         raise UsageError(f"--load-kv {directory}: {exc}") from None
 
 
-def _check_output_dir(directory: str) -> None:
+def _check_output_dir(directory: str, ranks: int) -> None:
     import os
     if os.path.exists(os.path.join(directory, "manifest.json")):
         raise UsageError(f"--save-kv {directory}: already holds saved caches (manifest.json); choose an empty directory")
     parent = os.path.dirname(os.path.abspath(directory))
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise UsageError(f"--save-kv {directory}: cannot create it in {parent}")
+    # what the ranks will write there: no special file, directory or read-only file in the way
+    writable_files_in(directory, ["manifest.json"] + [f"rank-{r:05d}.safetensors" for r in range(ranks)], "--save-kv")
 
 
 def _tokenizer(args):

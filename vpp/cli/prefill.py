@@ -21,9 +21,10 @@ import math
 import statistics
 import sys
 
-from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int, writable_dir,
-                          writable_file)
+from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int,
+                          writable_file, writable_files_in)
 from vpp.cli.checks import check_devices, open_checked
+from vpp.cli.memory_check import check_memory, check_positions
 from vpp.cli.terminal import progress_bar, setup_logging
 from vpp.plan import strategies
 from vpp.plan.dcpp import DEFAULT_VARIANT, VARIANTS
@@ -46,6 +47,7 @@ DEFAULT_ROUNDS = 5
 # allows 8 ulps of the reference's largest |logit| (the tiny FP8 checkpoints at TP 2 x PP 2 in
 # bf16 differ by 2 ulps); a wrong stage, layout or shard moves logits by O(L). (An MoE router or DSA
 # indexer whose top-k flips on a rounding can exceed it in 16 bits: compare in float32 then.)
+TRACE_FILES = (".trace.json", ".chrome.json", ".simulated.chrome.json", ".png", ".simulated.png")  # per schedule
 CHECK_RTOL = {"bfloat16": 8 * 2.0 ** -7, "float16": 8 * 2.0 ** -10}
 
 
@@ -118,20 +120,29 @@ def check(args) -> None:
         model = open_model(args.model, dtype=args.dtype)  # the config only: no weights are read here
         args.run_dtype = str(model.dtype).removeprefix("torch.")
         args.prompt = None
+        if args.seq_len is not None:  # before building any prompt: a billion tokens fail here, at once
+            check_positions(model.config, args.seq_len, f"--seq-len {args.seq_len}")
         if args.prompt_file is not None:
             args.prompt = prompt_ids(args.model, model.config.get("vocab_size"), args.seq_len, args.prompt_file).tolist()
     except (ValueError, OSError, ImportError) as exc:
         raise UsageError(str(exc)) from None
     args.seq_len = len(args.prompt) if args.prompt is not None else args.seq_len or DEFAULT_SEQ_LEN
+    what = f"the prompt of --prompt-file {args.prompt_file}" if args.prompt is not None else f"--seq-len {args.seq_len}"
+    check_positions(model.config, args.seq_len, what)
     if args.cached_prefix >= args.seq_len:
         raise UsageError(f"--cached-prefix {args.cached_prefix} leaves nothing to prefill of a {args.seq_len}-token "
                          f"prompt")
-    open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
-                 chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
+    checked = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
+                           chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
+    from vpp.bench.prefill_rounds import layout_for
+    layouts = {s: layout_for(checked, s, args.pp, args.folds, chunk=args.chunk_size, seq_len=args.seq_len,
+                             partition=args.partition) for s in args.schedules}
+    args.memory_plan = check_memory(model, layouts, tp=args.tp, tokens=args.seq_len, chunk=args.chunk_size,
+                                    device=args.device)
     if args.save_logits:
         writable_file(args.save_logits, "--save-logits")
     if args.trace:
-        writable_dir(args.trace, "--trace")
+        writable_files_in(args.trace, [s + suffix for s in args.schedules for suffix in TRACE_FILES], "--trace")
     check_devices(args.device, args.tp * args.pp)
 
 
@@ -169,7 +180,7 @@ def run(args) -> int:
     atol = args.atol
     if atol is None:
         atol = check_tolerance(cfg.dtype, facts["check"]["reference_max_abs"] if cfg.check else 0.0)
-    return report(rows, facts, cfg, as_json=args.json, atol=atol)
+    return report(rows, facts, cfg, as_json=args.json, atol=atol, memory_plan=getattr(args, "memory_plan", None))
 
 
 def _fmt(stats, scale=1.0, digits=3) -> str:
@@ -179,23 +190,27 @@ def _fmt(stats, scale=1.0, digits=3) -> str:
     return f"{med * scale:.{digits}f} [{lo * scale:.{digits}f}-{hi * scale:.{digits}f}]"
 
 
-def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
+def report(rows, facts, cfg, *, as_json: bool, atol: float, memory_plan: dict | None = None) -> int:
     failed = []
     if cfg.check:
-        failed = [r.schedule for r in rows if r.max_abs_diff is None or r.max_abs_diff > atol]
+        # "not <=": a NaN difference (NaN or Inf on either side) fails, it never passes
+        failed = [r.schedule for r in rows if r.max_abs_diff is None or not r.max_abs_diff <= atol]
     if as_json:
         out = {"config": {k: v for k, v in vars(cfg).items() if k != "progress"}, "transfer_s": facts["transfer_s"],
                "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
                "atol": atol if cfg.check else None, "memory_method": facts.get("memory_method"),
-               "why": why_line(rows, facts)}
+               "why": why_line(rows, facts), "memory": _memory_json(rows, memory_plan)}
         print(json.dumps(out, indent=2, default=str), flush=True)
     else:
         print(_table(rows, facts, cfg), flush=True)
     if cfg.save_logits:  # after the results are out: a failure here loses nothing measured
-        from safetensors.torch import save_file
+        from safetensors.torch import save
+        from vpp.safe_write import write_bytes
         tensors = {"input_ids": facts["prompt"].contiguous()}
         tensors.update({f"logits.{s}": t.float().contiguous() for s, t in facts["logits"].items()})
-        save_file(tensors, cfg.save_logits, metadata={"model": cfg.model, "chunk_size": str(cfg.chunk_size)})
+        # serialised here, written beside the target and renamed over it only if it is a regular file
+        write_bytes(cfg.save_logits, save(tensors, metadata={"model": cfg.model, "chunk_size": str(cfg.chunk_size)}),
+                    option="--save-logits")
         facts.setdefault("written", []).append(cfg.save_logits)
     if facts.get("written"):
         print("wrote " + ", ".join(facts["written"]), file=sys.stderr)
@@ -204,10 +219,29 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float) -> int:
         if cfg.dtype in CHECK_RTOL:
             hint = (f" (in {cfg.dtype} a top-k of the MoE router or the DSA indexer can flip on a rounding difference "
                     f"and move logits by O(1); --dtype float32 checks the pipeline to 1e-3)")
-        print(f"CHECK FAILED: logits of {failed} differ from the unpipelined reference by more than "
-              f"atol={atol}: {facts['check']}{hint}", file=sys.stderr)
+        bad_ref = facts["check"].get("reference_nonfinite")
+        if bad_ref:
+            print(f"CHECK FAILED: {bad_ref}; the schedules {failed} cannot pass", file=sys.stderr)
+        else:
+            print(f"CHECK FAILED: logits of {failed} differ from the unpipelined reference by more than "
+                  f"atol={atol}: {facts['check']}{hint}", file=sys.stderr)
         return 1
     return 0
+
+
+def _memory_json(rows, plans: dict | None) -> dict:
+    """Per schedule and rank: the plan made before the ranks started (vpp.perf.memory_plan) beside the
+    measured peak (rows' memory; on CPU the process's peak RSS, which the plan's "runtime" part covers)."""
+    out = {}
+    for r in rows:
+        plan = {p.rank: p.to_dict() for p in (plans or {}).get(r.schedule, [])}
+        out[r.schedule] = [{"rank": m["rank"], "plan": plan.get(m["rank"]), "measured_peak_bytes": m.get("peak_bytes"),
+                            "measured_weights_bytes": m.get("weights_bytes"),
+                            "measured_kv_cache_bytes": m.get("kv_cache_bytes"),
+                            "plan_over_measured": (plan[m["rank"]]["total"] / m["peak_bytes"]
+                                                   if m["rank"] in plan and m.get("peak_bytes") else None)}
+                           for m in r.memory]
+    return out
 
 
 def why_line(rows, facts) -> str | None:

@@ -9,6 +9,7 @@ import math
 
 from vpp.cli.args import UsageError, int_list, positive_float, positive_int
 from vpp.cli.checks import open_checked
+from vpp.cli.memory_check import check_memory, check_positions
 from vpp.cli.terminal import setup_logging
 from vpp.plan import strategies
 from vpp.plan.dcpp import DEFAULT_VARIANT, VARIANTS
@@ -55,7 +56,12 @@ def check(args) -> None:
         raise UsageError(f"--contenders gpipe needs prompt lengths that are multiples of --chunk-size "
                          f"{args.chunk_size}; the {args.workload} workload has {sorted(set(lengths))[:6]} "
                          f"(drop gpipe or change --chunk-size / --scale)")
-    open_checked(args.model, tp=1, pp=args.pp, schedules=[c for c in contenders if c != "gpipe"] or ["cpp"])
+    schedules = [c for c in contenders if c != "gpipe"] or ["cpp"]
+    model = open_checked(args.model, tp=1, pp=args.pp, schedules=schedules)
+    check_positions(model.config, max(lengths), f"the longest prompt of the {args.workload} workload")
+    from vpp.bench.prefill_rounds import layout_for
+    check_memory(model, {s: layout_for(model, s, args.pp) for s in schedules}, tp=1, tokens=max(lengths),
+                 chunk=args.chunk_size)
 
 
 def _worker(rank, world, cfg):

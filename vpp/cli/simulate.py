@@ -19,7 +19,7 @@ import os
 import sys
 
 from vpp.cli.args import (UsageError, check_chunk_count, fraction, nonnegative_int, positive_float, positive_int,
-                          writable_dir)
+                          writable_files_in)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,9 +51,10 @@ def check(args) -> None:
         make_layout(args.layout, args.layers or 4 * stages, args.pp, folds=args.folds if args.layout != "loop" else 1)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    for option, folder in (("--trace-dir", args.trace_dir), ("--png-dir", args.png_dir)):
+    for option, folder, suffixes in (("--trace-dir", args.trace_dir, (".trace.json", ".chrome.json")),
+                                     ("--png-dir", args.png_dir, (".png",))):
         if folder:
-            writable_dir(folder, option)
+            writable_files_in(folder, [p + s for p in ("cpp", "vpp", "vpp-async") for s in suffixes], option)
 
 
 def _cost(args, layout):

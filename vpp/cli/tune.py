@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 from vpp.cli.args import UsageError, int_list, positive_int, writable_file
+from vpp.safe_write import write_text
 from vpp.bench.sweep import fitted_setups, paper_setup
 from vpp.perf.hardware import get_device
 from vpp.perf.tune import PAPER_CHUNKS, paper_best, tune
@@ -67,9 +68,8 @@ def run(args) -> int:
     print(f"paper's best configuration: {base.ttft:.3f} s ({base.candidate.describe()}); "
           f"vs paper = how much lower this row's TTFT is than that one's, in %")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"paper_best": {"ttft": base.ttft, "config": base.candidate.describe()},
+        write_text(args.json, json.dumps({"paper_best": {"ttft": base.ttft, "config": base.candidate.describe()},
                        "ranked": [{"ttft": r.ttft, "bubble_ratio": r.bubble_ratio, "chunks": r.chunks,
                                    "memory_gb": r.memory / 1e9, "fits": r.fits, "cp": r.candidate.cp,
-                                   "config": r.candidate.describe()} for r in ranked]}, f, indent=1)
+                                   "config": r.candidate.describe()} for r in ranked]}, indent=1))
     return 0

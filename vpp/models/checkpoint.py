@@ -17,10 +17,11 @@ from typing import Callable
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from vpp.config import quantization, read_config
 from vpp.models import fp8
+from vpp.safe_write import write_bytes, write_text
 from vpp.models.safetensors_files import FLOAT_DTYPES, CheckpointError, TensorInfo, read_header, read_index
 from vpp.parallel.sharding import Shard
 
@@ -241,6 +242,6 @@ def save_safetensors(shapes: Shapes, get_tensor: Callable[[str], torch.Tensor], 
         if tuple(t.shape) != tuple(shape):
             raise ValueError(f"{name}: tensor of shape {tuple(t.shape)}, the model expects {tuple(shape)}")
         tensors[name] = t.detach().contiguous().cpu()
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_bytes(out / "model.safetensors", save(tensors, metadata={"format": "pt"}))
+    write_text(out / "config.json", json.dumps(config, indent=2))
     return out

@@ -50,6 +50,7 @@ class Stage(nn.Module):
         # the longest prompt the model's positions cover (the pipeline checks prompts against it)
         self.max_positions = self.config.get("max_position_embeddings")
         self.rope = rope
+        self._finite: dict[Hashable, torch.Tensor] = {}  # request -> per-layer "output finite" flags
         self.model = nn.Module()
         kw = dict(dtype=dtype, device=device)
         if self.is_first:
@@ -70,8 +71,12 @@ class Stage(nn.Module):
         positions = torch.arange(offset, offset + h.shape[0], device=h.device)
         cos, sin = self.rope(positions, h.dtype)
         chunk = Chunk(request, offset, cos, sin)
+        finite = []
         for layer in self.model.layers.values():
             h = layer(h, chunk)
+            finite.append(torch.isfinite(h).all())  # device flags, read only after a non-finite run
+        flags = torch.stack(finite)
+        self._finite[request] = flags if request not in self._finite else self._finite[request] & flags
         if not self.is_last:
             return h
         if last_token_only:
@@ -130,8 +135,18 @@ class Stage(nn.Module):
         """Bytes allocated by this stage's caches for ``request`` (every request: None)."""
         return sum(cache.nbytes(request) for cache in self._caches())
 
+    def nonfinite_layer(self, request: Hashable) -> int | None:
+        """The global index of the first layer whose output held NaN or Inf in a chunk of ``request``
+        since its caches were allocated, or None (optional in the stage contract: vpp.runtime.finite
+        asks it only after a run that was not finite)."""
+        flags = self._finite.get(request)
+        if flags is None or bool(flags.all()):
+            return None
+        return self.layer_range[0] + int((~flags).nonzero()[0, 0])
+
     def release(self, request: Hashable) -> None:
         """Free every cache ``request`` holds on this stage (a no-op for an unknown request)."""
+        self._finite.pop(request, None)
         for cache in self._caches():
             cache.release(request)
 

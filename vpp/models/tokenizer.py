@@ -98,4 +98,6 @@ def prompt_ids(model: str | Path, vocab_size: int, seq_len: int | None, prompt_f
         text = Path(prompt_file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise TokenizerError(f"{prompt_file}: cannot be read as a text prompt ({type(exc).__name__}: {exc})") from None
+    if not text.strip():  # a tokenizer would still give its BOS: a one-token prompt nobody asked for
+        raise TokenizerError(f"{prompt_file}: the prompt file is empty ({len(text)} characters, no text)")
     return text_prompt(load_tokenizer(model), text, seq_len, vocab_size=vocab_size)

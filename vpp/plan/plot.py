@@ -3,6 +3,10 @@ hatched grey, exposed communication in black, waiting for work (no request in th
 
 from __future__ import annotations
 
+import os
+
+from vpp.safe_write import atomic_open
+
 from .summary import timeline
 
 COMM_COLOR, BUBBLE_COLOR = "#222222", "#d9d9d9"
@@ -49,4 +53,5 @@ def plot_trace(trace: "Trace", path, *, title: str | None = None, unit: str = "s
                        Patch(facecolor=BUBBLE_COLOR, hatch="//", edgecolor="grey", label="bubble")],
               loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_open(path, "wb") as f:  # a new or regular file, replaced whole
+        fig.savefig(f, dpi=120, format=os.path.splitext(os.fspath(path))[1].lstrip(".") or "png")

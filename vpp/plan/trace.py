@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from vpp.safe_write import write_text
+
 from .plot import plot_trace
 from .spans import KINDS, Span
 from .summary import Summary, summarize
@@ -69,8 +71,8 @@ class Trace:
         return cls(d["num_ranks"], tuple(Span(**s) for s in d["spans"]), dict(d.get("meta", {})))
 
     def save(self, path) -> None:
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f)
+        """Write the trace as JSON (a new or regular file, replaced whole: :mod:`vpp.safe_write`)."""
+        write_text(path, json.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path) -> "Trace":
@@ -95,8 +97,7 @@ class Trace:
                            "tid": s.rank, "ts": (s.start - t0) * 1e6, "dur": s.duration * 1e6, "args": args})
         out = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {k: str(v) for k, v in self.meta.items()}}
         if path is not None:
-            with open(path, "w") as f:
-                json.dump(out, f)
+            write_text(path, json.dumps(out))
         return out
 
     def plot(self, path, **kw) -> None:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from vpp.parallel.comm import irecv, isend
 
+from .finite import FiniteWatch, check_logits
 from .watchdog import Watchdog
 
 # "Pipeline" below is :class:`.pipeline.Pipeline`, which imports this module (so this one cannot).
@@ -55,6 +56,7 @@ def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[Hashable]
     watchdog = _watchdog(pipe, "decode")
     hidden, dtype = pipe.first.hidden_size, getattr(torch, pipe.first.dtype.replace("torch.", ""))
     logits, h = None, None
+    watch = FiniteWatch()
     try:
         for s in range(layout.num_stages):
             if layout.rank_of(s) != me:
@@ -68,6 +70,7 @@ def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[Hashable]
                 src = layout.rank_of(s - 1)
                 watchdog.wait(irecv(x, src, groups.pp_channel(src, me)), f"decode input of stage {s}", src)
             out = run_stage_decode(pipe.mine[s], x, requests)
+            watch.observe(s, None, out)  # read only if the logits turn out non-finite
             if s == layout.last_stage:
                 logits = out
             elif layout.rank_of(s + 1) != me:
@@ -75,13 +78,18 @@ def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[Hashable]
                 watchdog.wait(isend(out, dst, groups.pp_channel(me, dst)), f"decode output of stage {s}", dst)
             else:
                 h = out
-        return _broadcast(pipe, logits, len(requests), watchdog)
+        logits = _broadcast(pipe, logits, len(requests), watchdog)
     except BaseException as exc:
         watchdog.notify_failure(f"pipeline rank {me} (global rank {groups.global_rank}) raised "
                                 f"{type(exc).__name__}: {exc} while decoding")
         raise
     finally:
         watchdog.close()
+    bad = check_logits(logits, requests)  # the same logits on every rank: every rank agrees here
+    if bad:
+        found = [(s, bad[0]) for s, _ in watch.local()]
+        pipe.check_finite(found or [(layout.last_stage, bad[0])], "decode")
+    return logits
 
 
 def broadcast_logits(pipe: "Pipeline", local: torch.Tensor | None, batch: int) -> torch.Tensor:

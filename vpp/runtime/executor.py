@@ -66,6 +66,7 @@ from vpp.plan.ir import COMPUTE, HANDOFF, RECV, SEND, Action, Plan
 from vpp.plan.trace import Span, Trace
 
 from .device_order import RUN_AHEAD_COMPUTES, stream_ops_for
+from .finite import FiniteWatch
 from .handshake import RankInfo
 from .sends import SendQueue
 from .timing import ComputeTimer
@@ -82,6 +83,7 @@ class ExecutionResult:
     overhead_s: float
     num_actions: int
     meta: dict = field(default_factory=dict)
+    nonfinite: list = field(default_factory=list)  # (stage, request) whose output held NaN/Inf here
 
     def trace(self, num_ranks: int) -> Trace:
         return Trace(num_ranks, tuple(self.spans), dict(self.meta))
@@ -132,6 +134,7 @@ class Executor:
         self.logits: dict[int, torch.Tensor] = {}
         self.spans: list[Span] = []
         self.entered = 0
+        self.finite = FiniteWatch()
         busy = 0.0
         actions = self.plan.actions[self.me]
         acc = self.groups.accelerator
@@ -168,7 +171,7 @@ class Executor:
         return ExecutionResult(self.logits, spans, max(0.0, total - busy), len(actions),
                                {"source": "executed", "plan": self.plan.name, "comm": self.plan.comm,
                                 "timing": "host" if acc.kind == "cpu" else self.timer.mode if events else "host-dispatch",
-                                "max_live_sends": self.sends.max_live})
+                                "max_live_sends": self.sends.max_live}, self.finite.local())
 
     def _where(self, step: int, action: Action | None, what: str) -> str:
         return f"pipeline rank {self.me} (global rank {self.groups.global_rank}) {what} at step {step} ({action})"
@@ -233,6 +236,7 @@ class Executor:
         out = stage(x, a.request, q.offset(a.chunk), last_token_only=last) if last else \
             stage(x, a.request, q.offset(a.chunk))
         self.timer.end(mark, a.stage, a.request, a.chunk)
+        self.finite.observe(a.stage, a.request, out)  # a device-side flag: no synchronisation here
         if self.ops is not None:
             self._bound_run_ahead()
         end = self._now()

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from vpp.plan.kv_handover import Holding, Piece, plan_transfers
+from vpp.safe_write import write_bytes, write_text
 
 from .handover import install_caches, local_caches, pieces_of
 from .watchdog import rendezvous
@@ -74,9 +75,9 @@ def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = 
         if t.src == me:
             x = local[t.name] if t.dim is None else local[t.name].narrow(t.dim, t.src_offset, t.length)
             mine_out[key] = x.contiguous().cpu()
-    if mine_out:
-        from safetensors.torch import save_file
-        save_file(mine_out, os.path.join(directory, f"rank-{me:05d}.safetensors"))
+    if mine_out:  # beside the target, renamed over a regular file only (vpp.safe_write)
+        from safetensors.torch import save
+        write_bytes(os.path.join(directory, f"rank-{me:05d}.safetensors"), save(mine_out))
     stages_by_pp: dict[int, list] = {}
     for _, _, _, ranges, pp_rank in infos:
         stages_by_pp.setdefault(pp_rank, ranges)
@@ -89,10 +90,7 @@ def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = 
         rendezvous("the KV files written", me, members, timeout_s=pipe.timeout_s)
         dist.barrier(group=groups.instance_pg)
     if me == members[0]:
-        tmp = os.path.join(directory, "manifest.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(manifest, f)
-        os.replace(tmp, os.path.join(directory, "manifest.json"))
+        write_text(os.path.join(directory, "manifest.json"), json.dumps(manifest))
     return manifest
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
@@ -31,7 +32,7 @@ from vpp.plan.ir import Plan, Request, chunk_requests
 from vpp.plan.layout import Layout
 from vpp.plan.verify import verify
 
-from . import handshake, inputs
+from . import finite, handshake, inputs
 from .decode import broadcast_logits, decode_step
 from .device_order import neighbours, stream_ops_for, warm_pair_communicators
 from .executor import Executor
@@ -42,6 +43,9 @@ from .traces import gather_trace
 from .watchdog import rendezvous
 
 
+PLAN_CACHE = 64  # verified plans kept per Pipeline (each a few KB to MBs: one action per chunk and stage)
+
+
 @dataclass(frozen=True)
 class PromptInfo:
     """What one rank knows of a prefill's prompts (see :func:`handshake.first_problem`)."""
@@ -49,6 +53,8 @@ class PromptInfo:
     prompt_lengths: tuple[int, ...] | None
     prompt_problem: str | None
     run_key: str
+    global_rank: int = 0
+    prompt_digest: str | None = None  # of the prompts this rank was given, stage 0 or not (None: none given)
 
 
 @dataclass
@@ -84,7 +90,7 @@ class Pipeline:
         self.first = next(st for info in self.pipeline for st in info.stages if st.is_first)
         self.last = next(st for info in self.pipeline for st in info.stages if st.is_last)
         self.mine = dict(zip(self.layout.stages_of(groups.pp.rank), self.stages))
-        self._plans: dict[tuple, Plan] = {}
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # least recently used first
         self._warm()
 
     def _warm(self) -> None:
@@ -117,7 +123,7 @@ class Pipeline:
             raise ValueError(f"concurrency={concurrency!r} must be a positive integer or None")
         prompts, problem = inputs.as_prompts(input_ids)
         infos = self._exchange_prompts(prompts, problem)
-        problem = handshake.first_problem(infos)
+        problem = handshake.disagreement(infos) or handshake.first_problem(infos)
         if problem:
             raise ValueError(problem)
         lengths = handshake.prompt_lengths(infos)
@@ -136,10 +142,34 @@ class Pipeline:
             dist.barrier(group=self.groups.instance_pg)
         self.groups.accelerator.synchronize(self.groups.device)  # the clock starts on an idle device
         start = time.perf_counter()
-        result = executor.run(by_id)
-        wall = time.perf_counter() - start
+        try:
+            result = executor.run(by_id)
+            wall = time.perf_counter() - start
+            self.check_finite(result.nonfinite, "prefill")
+        except BaseException:
+            for q in ids:  # a failed prefill keeps no caches: the pipeline can take the next request
+                self.release(q)
+            raise
         trace = gather_trace(result, self.groups, plan, timeout_s=self.timeout_s) if return_trace else None
         return PrefillOutput(result.logits.get(ids[0]), result.logits, plan, result, trace, wall)
+
+    def check_finite(self, local: list, what: str) -> None:
+        """Share every rank's non-finite (stage, request) pairs and raise the same
+        :class:`~.finite.NonFiniteError` everywhere if there is any (see :mod:`.finite`)."""
+        local = [(s, q, self._nonfinite_layer(s, q)) for s, q in local]  # only after a non-finite run
+        found = [local]
+        if dist.is_initialized() and self.groups.sizes.world_size > 1:
+            rendezvous(f"the finiteness exchange after the {what}", self.groups.global_rank, self.groups.members,
+                       timeout_s=self.timeout_s)
+            found = [None] * self.groups.sizes.world_size
+            dist.all_gather_object(found, local, group=self.groups.instance_pg)
+        first = finite.first_nonfinite(found)
+        if first is not None:
+            finite.raise_nonfinite(first, self.layout, dict(enumerate(self.layout.stage_layers)), what=what)
+
+    def _nonfinite_layer(self, stage: int, request: Hashable) -> int | None:
+        ask = getattr(self.mine.get(stage), "nonfinite_layer", None)  # optional in the stage contract
+        return ask(request) if ask is not None and request is not None else None
 
     def plan(self, schedule: str, requests: Sequence[Request], concurrency: int | None = None) -> Plan:
         """The verified plan of ``schedule`` for ``requests`` (built once per distinct chunking)."""
@@ -147,6 +177,9 @@ class Pipeline:
         if key not in self._plans:
             spec = strategies.get(schedule, strategies.PLANNED)
             self._plans[key] = verify(spec.plan(self.layout, requests, concurrency=concurrency))
+            while len(self._plans) > PLAN_CACHE:  # a server sees endless distinct chunkings: keep memory flat
+                self._plans.popitem(last=False)
+        self._plans.move_to_end(key)
         return self._plans[key]
 
     def _check_cached(self, ids, cached, lengths) -> None:
@@ -180,7 +213,8 @@ class Pipeline:
             problems = [handshake.check_prompt(p, self.first, f"prompt {i}" if len(prompts) > 1 else "prompt")
                         for i, p in enumerate(prompts)]
             problem = problem or next((p for p in problems if p), None)
-        mine = PromptInfo(lengths, problem, os.urandom(8).hex())
+        digest = handshake.prompts_digest(prompts) if prompts is not None else None
+        mine = PromptInfo(lengths, problem, os.urandom(8).hex(), self.groups.global_rank, digest)
         if not dist.is_initialized() or self.groups.sizes.world_size == 1:
             return [mine]
         rendezvous("the prompts' exchange", self.groups.global_rank, self.groups.members, timeout_s=self.timeout_s)
