@@ -5,13 +5,13 @@ cut by the budget ends the step). With a DCPP planner every piece is also capped
 chunk, and the step's time budget is shared as vLLM-Ascend does (#9900): the target less the predicted
 time of the pieces already in the step; a request is not added once it is spent.
 
-The steps become ordinary chunk lists: a request's chunk is its piece of one step, so a step of two
-requests is two compute actions per stage, run back to back (one stage call per request chunk). The
-plan, verifier, simulator and executor need nothing new for that. Why one call per request chunk: a
-stage computes one request per call (its caches are keyed by request, and a batched call would need
-a variable-length attention over several requests' caches); the work is the same, and what the split
-costs is one call's overhead per extra piece (tens of microseconds per action on the CPU ranks,
-``vpp prefill``'s "overhead us/action"), which the simulator charges too (a per-chunk cost term).
+A request's chunk is its piece of one step. :func:`shared_budget_requests` gives only the chunk lists
+(each piece then runs as a step of its own: one hand-over and one per-step overhead per piece);
+:func:`shared_budget_stream` also gives the steps, for a plan whose steps are shared (``Plan.steps``,
+:mod:`.steps`): one transfer per step carrying all its pieces, the per-step overhead paid once, and one
+stage call per piece (a stage's caches are keyed by request; a batched call would need a
+variable-length attention over several requests' caches). A request's next piece is cut to the room
+left in the step, as vLLM's scheduler cuts a prefill to the remaining token budget.
 
 All requests are taken as present from the start (arrival 0); the executor's admission gate still
 holds a request's first chunk until it arrives, so later arrivals cost time, never correctness.
@@ -72,3 +72,19 @@ def shared_budget_requests(lengths: Iterable[int], budget: int, *, planner: Dcpp
         for q, n in step:
             sizes[q].append(n)
     return [Request(first_id + i, tuple(s), a) for i, (s, a) in enumerate(zip(sizes, arrivals))]
+
+
+def shared_budget_stream(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
+                         arrivals: Iterable[float] | None = None, first_id: int = 0
+                         ) -> tuple[list[Request], list[list[tuple[int, int]]]]:
+    """The requests of :func:`shared_budget_requests` and the steps as lists of (request id, chunk),
+    for a builder's ``steps`` (:mod:`.builders`)."""
+    lengths = list(lengths)
+    requests = shared_budget_requests(lengths, budget, planner=planner, arrivals=arrivals, first_id=first_id)
+    seen = [0] * len(lengths)
+    steps = []
+    for step in shared_budget_steps(lengths, budget, planner=planner):
+        steps.append([(first_id + q, seen[q]) for q, _ in step])
+        for q, _ in step:
+            seen[q] += 1
+    return requests, steps

@@ -31,6 +31,7 @@ from .builders import build_cpp, build_vpp, build_vpp_async
 from .ir import Plan, Request
 from .layout import Layout
 from .packing import build_vpp_packed
+from .steps import build_with_steps
 
 Builder = Callable[..., Plan]
 
@@ -52,13 +53,16 @@ class Strategy:
     packs: bool = False  # packs the next request's first chunks into a drain (Algorithm 2)
 
     def plan(self, layout: Layout, requests: Sequence[Request], *, concurrency: int | None = None,
-             cost=None) -> Plan:
-        """The plan of this strategy for ``requests`` on ``layout`` (``cost`` only steers packing)."""
+             cost=None, steps=None) -> Plan:
+        """The plan of this strategy for ``requests`` on ``layout`` (``cost`` only steers packing);
+        ``steps``: steps shared by requests (:mod:`.steps`), None for one request per step."""
         if self.builder is None:
             raise ValueError(f"{self.name} has no vpp plan: {self.description}")
         if self.layout == "v" and layout.kind == "loop" and layout.num_ranks > 1:
             raise ValueError(f"{self.name} needs 2f stages per rank (a V); the stage modules form "
                              f"{layout.describe()}")
+        if steps is not None:
+            return build_with_steps(self.builder, layout, requests, steps, concurrency=concurrency, cost=cost)
         return self.builder(layout, requests, concurrency=concurrency, cost=cost)
 
 
