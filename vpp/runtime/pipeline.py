@@ -99,13 +99,15 @@ class Pipeline:
     def prefill(self, input_ids: Any, chunk_size: inputs.Chunking, *, schedule: str = "vpp",
                 request_ids: Sequence[Hashable] | None = None, arrivals: Sequence[float] | None = None,
                 concurrency: int | None = None, return_trace: bool = False, progress=None,
-                decode_room: int = 0, cached_tokens: int | Sequence[int] = 0) -> PrefillOutput:
+                decode_room: int = 0, cached_tokens: int | Sequence[int] = 0, steps=None) -> PrefillOutput:
         """Prefill one prompt or a stream of them (see :func:`vpp.runtime.api.forward_prefill`).
         ``decode_room``: tokens each request's caches should hold beyond its prompt (those it will
         decode), so that they are allocated once. ``cached_tokens`` (one count, or one per prompt):
         the first N tokens of a prompt are already in every stage's caches under its request id (left
         by an earlier prefill of them, or installed with :meth:`import_cache`); only the rest is
-        chunked and computed, the full prompt is still given (its first N ids are not used)."""
+        chunked and computed, the full prompt is still given (its first N ids are not used). ``steps``:
+        steps shared by several prompts, as lists of (prompt index, chunk) (e.g. from
+        :func:`vpp.plan.shared_budget.shared_budget_stream`), each moved as one message per hop."""
         strategy = strategies.get(schedule, strategies.PLANNED)
         chunk_size = inputs.check_chunking(chunk_size)
         if strategy.chunking == "dcpp" and isinstance(chunk_size, int):
@@ -123,7 +125,9 @@ class Pipeline:
         cached = cached_counts(cached_tokens, len(lengths))
         if any(cached):
             self._check_cached(ids, cached, lengths)
-        plan = self.plan(schedule, requests_for(lengths, chunk_size, ids, arrivals, cached), concurrency)
+        if steps is not None:
+            steps = tuple(tuple((ids[int(q)], int(c)) for q, c in g) for g in steps)
+        plan = self.plan(schedule, requests_for(lengths, chunk_size, ids, arrivals, cached), concurrency, steps)
         executor = Executor(plan, self.mine, self.groups, self.pipeline, run_key=infos[0].run_key,
                             timeout_s=self.timeout_s, progress=progress, timed=return_trace,
                             extra_tokens=decode_room)
@@ -140,12 +144,13 @@ class Pipeline:
         trace = gather_trace(result, self.groups, plan, timeout_s=self.timeout_s) if return_trace else None
         return PrefillOutput(result.logits.get(ids[0]), result.logits, plan, result, trace, wall)
 
-    def plan(self, schedule: str, requests: Sequence[Request], concurrency: int | None = None) -> Plan:
+    def plan(self, schedule: str, requests: Sequence[Request], concurrency: int | None = None,
+             steps=None) -> Plan:
         """The verified plan of ``schedule`` for ``requests`` (built once per distinct chunking)."""
-        key = (schedule, tuple((q.id, q.chunk_sizes, q.arrival, q.cached) for q in requests), concurrency)
+        key = (schedule, tuple((q.id, q.chunk_sizes, q.arrival, q.cached) for q in requests), concurrency, steps)
         if key not in self._plans:
             spec = strategies.get(schedule, strategies.PLANNED)
-            self._plans[key] = verify(spec.plan(self.layout, requests, concurrency=concurrency))
+            self._plans[key] = verify(spec.plan(self.layout, requests, concurrency=concurrency, steps=steps))
         return self._plans[key]
 
     def _check_cached(self, ids, cached, lengths) -> None:
