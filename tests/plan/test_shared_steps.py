@@ -112,3 +112,24 @@ def test_steps_must_cover_each_request_in_order():
         build_cpp(layout, requests, steps=[[(0, 1), (1, 0)], [(0, 0)]])
     with pytest.raises(ValueError, match="cover only part"):
         build_cpp(layout, requests, steps=[[(0, 0), (1, 0)]])
+
+
+def test_steps_fill_the_budget_by_cutting_the_next_chunk():
+    """vLLM's scheduler cuts a prefill to the room left: every step but the last holds exactly the
+    budget, and a request's piece is cut only where the step is full (so a step has at most one cut
+    piece, its last)."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(50):
+        lengths = [rng.randint(1, 700) for _ in range(rng.randint(1, 12))]
+        budget = rng.randint(16, 600)
+        requests, steps = shared_budget_stream(lengths, budget)
+        sizes = {q.id: q.chunk_sizes for q in requests}
+        totals = [sum(sizes[q][c] for q, c in g) for g in steps]
+        assert all(t == budget for t in totals[:-1]), (lengths, budget, totals)
+        assert 0 < totals[-1] <= budget
+        assert len(steps) == -(-sum(lengths) // budget)
+        for g in steps:
+            for q, c in g[:-1]:
+                assert c == len(sizes[q]) - 1  # all but the last piece end their request
