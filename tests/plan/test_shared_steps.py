@@ -133,3 +133,18 @@ def test_steps_fill_the_budget_by_cutting_the_next_chunk():
         for g in steps:
             for q, c in g[:-1]:
                 assert c == len(sizes[q]) - 1  # all but the last piece end their request
+
+
+def test_concurrency_keeps_a_new_request_out_of_the_step_where_its_gate_ends():
+    """Under concurrency K request i enters once request i-K has finished: sharing a step with (or
+    preceding) request i-K's end would deadlock, so the stream starts it a step later; the plan
+    verifies (the verifier runs the admission gate)."""
+    lengths, K = [30, 20, 40, 10, 50, 25], 2
+    requests, steps = shared_budget_stream(lengths, 128, concurrency=K)
+    where = {}
+    for k, g in enumerate(steps):
+        for q, c in g:
+            where.setdefault(q, []).append(k)
+    for q in range(K, len(lengths)):
+        assert where[q][0] > where[q - K][-1], (q, where)
+    verify(build_cpp(make_layout("loop", 4, 2), requests, steps=steps, concurrency=K))

@@ -118,7 +118,7 @@ def build(setup: StreamSetup, workload: Workload, strategy: str) -> tuple[Plan, 
     steps = None
     if setup.shared_budget:
         requests, steps = shared_budget_stream(workload.lengths, setup.chunk_size, planner=planner,
-                                               arrivals=workload.arrivals)
+                                               arrivals=workload.arrivals, concurrency=workload.concurrency)
     elif planner is not None:
         requests = workload.requests(planner=planner)
     else:

@@ -13,6 +13,10 @@ stage call per piece (a stage's caches are keyed by request; a batched call woul
 variable-length attention over several requests' caches). A request's next piece is cut to the room
 left in the step, as vLLM's scheduler cuts a prefill to the remaining token budget.
 
+With a concurrency limit K (``Plan.concurrency``: request i enters once request i-K has finished) a
+request's first piece goes only into a step after the one where request i-K ends (in the same step it
+would wait for itself: a deadlock), as vLLM admits a waiting request only once a running slot is free.
+
 All requests are taken as present from the start (arrival 0); the executor's admission gate still
 holds a request's first chunk until it arrives, so later arrivals cost time, never correctness.
 """
@@ -25,21 +29,28 @@ from .dcpp import DcppPlanner
 from .ir import Request
 
 
-def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None
-                        ) -> list[list[tuple[int, int]]]:
-    """The steps of a stream: each a list of (request index, tokens) summing to at most ``budget``."""
+def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
+                        concurrency: int | None = None) -> list[list[tuple[int, int]]]:
+    """The steps of a stream: each a list of (request index, tokens) summing to at most ``budget``;
+    ``concurrency``: see the module docstring."""
     lengths = [int(n) for n in lengths]
     if budget < 1:
         raise ValueError(f"budget={budget} tokens must be >= 1")
     if any(n < 1 for n in lengths):
         raise ValueError(f"prompt lengths {lengths} must be >= 1 token")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency={concurrency} must be >= 1 (or None: unlimited)")
     done = [0] * len(lengths)
+    ends: dict[int, int] = {}                  # request index -> the step where it ends
     steps, head = [], 0
     while head < len(lengths):
         left, step = budget, []
         time_left = planner.target if planner is not None else None
         q = head
         while left > 0 and q < len(lengths):
+            if concurrency is not None and done[q] == 0 and q >= concurrency and \
+                    ends.get(q - concurrency, len(steps)) >= len(steps):
+                break                          # no free slot: request q - K ends in this step or later
             rest = lengths[q] - done[q]
             want = rest
             if planner is not None:
@@ -53,6 +64,8 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
                 time_left -= planner.time(n, done[q]) * 1000.0
             done[q] += n
             left -= n
+            if done[q] == lengths[q]:
+                ends[q] = len(steps)
             if done[q] < lengths[q]:
                 break                      # cut by the budget (or the planner): the step is full
             q += 1
@@ -63,27 +76,29 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
 
 
 def shared_budget_requests(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
-                           arrivals: Iterable[float] | None = None, first_id: int = 0) -> list[Request]:
+                           arrivals: Iterable[float] | None = None, first_id: int = 0,
+                           concurrency: int | None = None) -> list[Request]:
     """Requests whose chunks are their pieces of :func:`shared_budget_steps`."""
     lengths = list(lengths)
     arrivals = [0.0] * len(lengths) if arrivals is None else list(arrivals)
     sizes: list[list[int]] = [[] for _ in lengths]
-    for step in shared_budget_steps(lengths, budget, planner=planner):
+    for step in shared_budget_steps(lengths, budget, planner=planner, concurrency=concurrency):
         for q, n in step:
             sizes[q].append(n)
     return [Request(first_id + i, tuple(s), a) for i, (s, a) in enumerate(zip(sizes, arrivals))]
 
 
 def shared_budget_stream(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
-                         arrivals: Iterable[float] | None = None, first_id: int = 0
-                         ) -> tuple[list[Request], list[list[tuple[int, int]]]]:
+                         arrivals: Iterable[float] | None = None, first_id: int = 0,
+                         concurrency: int | None = None) -> tuple[list[Request], list[list[tuple[int, int]]]]:
     """The requests of :func:`shared_budget_requests` and the steps as lists of (request id, chunk),
     for a builder's ``steps`` (:mod:`.builders`)."""
     lengths = list(lengths)
-    requests = shared_budget_requests(lengths, budget, planner=planner, arrivals=arrivals, first_id=first_id)
+    requests = shared_budget_requests(lengths, budget, planner=planner, arrivals=arrivals, first_id=first_id,
+                                      concurrency=concurrency)
     seen = [0] * len(lengths)
     steps = []
-    for step in shared_budget_steps(lengths, budget, planner=planner):
+    for step in shared_budget_steps(lengths, budget, planner=planner, concurrency=concurrency):
         steps.append([(first_id + q, seen[q]) for q, _ in step])
         for q, _ in step:
             seen[q] += 1
