@@ -148,3 +148,16 @@ def test_concurrency_keeps_a_new_request_out_of_the_step_where_its_gate_ends():
     for q in range(K, len(lengths)):
         assert where[q][0] > where[q - K][-1], (q, where)
     verify(build_cpp(make_layout("loop", 4, 2), requests, steps=steps, concurrency=K))
+
+
+@pytest.mark.parametrize("builder,kind", [(build_cpp, "loop"), (build_vpp, "v"), (build_vpp_async, "v")])
+def test_concurrency_gates_hold_on_every_layout(builder, kind):
+    """On a V request i's first compute and request i-K's last are both on rank 0: the builder orders
+    them (a step-level gate), so the plan verifies; a stream cut without the limit is refused."""
+    lengths, K = [30, 20, 40, 10, 50, 25, 5, 5, 5], 2
+    layout = make_layout(kind, 8, 2)
+    requests, steps = shared_budget_stream(lengths, 64, concurrency=K)
+    verify(builder(layout, requests, steps=steps, concurrency=K))
+    requests, steps = shared_budget_stream(lengths, 64)
+    with pytest.raises(ValueError, match="deadlock"):
+        builder(layout, requests, steps=steps, concurrency=K)

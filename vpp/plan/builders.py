@@ -67,23 +67,25 @@ def plan_from_orders(layout: Layout, requests: Sequence[Request], orders: Sequen
 def build_plan(layout: Layout, requests: Sequence[Request], *, key: Key | None = None,
                slack: int | None = None, min_slack: int = 0, group: int | None = None,
                comm: str = "blocking", name: str = "plan", request_order: str = "pipelined",
-               concurrency: int | None = None, steps=None) -> Plan:
+               concurrency: int | None = None, steps=None, gates=None) -> Plan:
     """The generic builder: list-schedule the tasks by ``key`` (:func:`order.list_schedule`), then place
     the communication. The default key is :func:`order.slot_key` with ``slack`` (default: the smallest
     conflict-free slack >= ``min_slack``, :func:`order.auto_slack`) and ``group``. ``request_order`` and
     ``concurrency``: see the module docstring (a custom ``key`` is list-scheduled over all requests at
-    once, i.e. "pipelined"); ``steps``: see the module docstring."""
+    once, i.e. "pipelined"); ``steps``: see the module docstring; ``gates``: extra (task -> task it waits
+    for) dependencies of the list schedule, added to the admission gates of ``concurrency``."""
     requests = _requests(requests)
     if steps is not None:
         return build_with_steps(build_plan, layout, requests, steps, concurrency=concurrency, key=key, slack=slack,
                                 min_slack=min_slack, group=group, comm=comm, name=name, request_order=request_order)
     if request_order not in REQUEST_ORDERS:
         raise ValueError(f"request_order={request_order!r}; expected one of {REQUEST_ORDERS}")
-    gates = admission_gates(layout, requests, concurrency)
+    gates = {**admission_gates(layout, requests, concurrency), **(gates or {})}
     if key is None:
         slack = auto_slack(layout, min_slack, group) if slack is None else slack
         if request_order == "sequential":
-            orders, starts = _sequential(layout, requests, lambda qs: slot_key(layout, qs, slack=slack, group=group))
+            orders, starts = _sequential(layout, requests, lambda qs: slot_key(layout, qs, slack=slack, group=group),
+                                         gates)
             return plan_from_orders(layout, requests, orders, comm=comm, name=name, starts=starts,
                                     concurrency=concurrency)
         key = slot_key(layout, requests, slack=slack, group=group)
@@ -91,14 +93,16 @@ def build_plan(layout: Layout, requests: Sequence[Request], *, key: Key | None =
     return plan_from_orders(layout, requests, orders, comm=comm, name=name, starts=starts, concurrency=concurrency)
 
 
-def _sequential(layout: Layout, requests: Sequence[Request], key_for) -> tuple[list[list[Task]], dict[Task, int]]:
-    """Each request list-scheduled alone; per-rank orders concatenated, nominal slots shifted so that a
-    request starts when the previous one has ended on every rank."""
+def _sequential(layout: Layout, requests: Sequence[Request], key_for, gates=None
+                ) -> tuple[list[list[Task]], dict[Task, int]]:
+    """Each request list-scheduled alone (with the ``gates`` within it); per-rank orders concatenated,
+    nominal slots shifted so that a request starts when the previous one has ended on every rank."""
     orders: list[list[Task]] = [[] for _ in range(layout.num_ranks)]
     starts: dict[Task, int] = {}
     offset = 0
     for q in requests:
-        own, own_starts = list_schedule(layout, [q], key_for([q]))
+        own, own_starts = list_schedule(layout, [q], key_for([q]),
+                                        gates={t: g for t, g in (gates or {}).items() if t.request == q.id == g.request})
         first = min(own_starts.values())
         for r, order in enumerate(own):
             orders[r].extend(order)

@@ -10,6 +10,12 @@ COMPUTE per piece, back to back in step order (one stage call per request piece:
 keyed by request, see :mod:`vpp.runtime.executor`), and a SEND/RECV/HANDOFF of step k becomes the same
 action named by the step's lead piece, carrying the whole step.
 
+Admission (``Plan.concurrency`` K): request i enters once request i-K has finished. In the step
+request that is a gate of step k_i (request i's first) on the last stage's compute of step e (where
+request i-K ends), which the builder list-schedules (so on a V, where both run on rank 0, the program
+order holds it); k_i must come after e (:func:`.shared_budget.shared_budget_stream` with the same
+``concurrency`` guarantees it).
+
 A stream of one-piece steps is a valid input too; it yields a plan without ``Plan.steps`` entries.
 """
 
@@ -19,6 +25,7 @@ from typing import Callable, Sequence
 
 from .ir import COMPUTE, Action, Plan, Request
 from .layout import Layout
+from .order import Task
 
 Piece = tuple[int, int]
 
@@ -72,11 +79,33 @@ def expand_steps(step_plan: Plan, requests: Sequence[Request], steps: Sequence[S
                 comm=step_plan.comm, concurrency=concurrency, steps=tuple(tuple(g) for g in steps if len(g) > 1))
 
 
+def step_gates(layout: Layout, requests: Sequence[Request], steps: Sequence[Sequence[Piece]],
+               concurrency: int | None) -> dict[Task, Task]:
+    """The admission gates of ``concurrency`` as gates between the step request's tasks."""
+    if concurrency is None:
+        return {}
+    first, last = {}, {}
+    for k, g in enumerate(steps):
+        for q, _ in g:
+            first.setdefault(q, k)
+            last[q] = k
+    gates = {}
+    for i in range(concurrency, len(requests)):
+        q, before = requests[i].id, requests[i - concurrency].id
+        if first[q] <= last[before]:
+            raise ValueError(f"request {q} starts in step {first[q]} but under concurrency {concurrency} waits for "
+                             f"request {before}, which ends in step {last[before]}: a deadlock (cut the stream "
+                             f"with the same concurrency, shared_budget_stream(..., concurrency={concurrency}))")
+        gates[Task(0, 0, first[q])] = Task(layout.last_stage, 0, last[before])
+    return gates
+
+
 def build_with_steps(build: Callable[..., Plan], layout: Layout, requests: Sequence[Request],
                      steps: Sequence[Sequence[Piece]], *, concurrency: int | None = None, **kw) -> Plan:
-    """``build(layout, [step request], **kw)`` expanded into a plan of ``requests`` with shared steps.
-    ``concurrency`` applies to the real requests (the engine's admission gate)."""
+    """``build(layout, [step request], gates=..., **kw)`` expanded into a plan of ``requests`` with
+    shared steps; ``concurrency`` applies to the real requests (see the module docstring)."""
     requests = tuple(requests)
     steps = check_steps(requests, steps)
-    return expand_steps(build(layout, [step_request(requests, steps)], **kw), requests, steps,
+    gates = step_gates(layout, requests, steps, concurrency)
+    return expand_steps(build(layout, [step_request(requests, steps)], gates=gates, **kw), requests, steps,
                         concurrency=concurrency)

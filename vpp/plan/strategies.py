@@ -31,7 +31,6 @@ from .builders import build_cpp, build_vpp, build_vpp_async
 from .ir import Plan, Request
 from .layout import Layout
 from .packing import build_vpp_packed
-from .steps import build_with_steps
 
 Builder = Callable[..., Plan]
 
@@ -62,27 +61,30 @@ class Strategy:
             raise ValueError(f"{self.name} needs 2f stages per rank (a V); the stage modules form "
                              f"{layout.describe()}")
         if steps is not None:
-            return build_with_steps(self.builder, layout, requests, steps, concurrency=concurrency, cost=cost)
+            return self.builder(layout, requests, concurrency=concurrency, cost=cost, steps=steps)
         return self.builder(layout, requests, concurrency=concurrency, cost=cost)
 
 
 def _cpp(comm: str, name: str) -> Builder:
-    def build(layout, requests, *, concurrency=None, cost=None):
-        return build_cpp(layout, requests, comm=comm, name=name, concurrency=concurrency)
+    def build(layout, requests, *, concurrency=None, cost=None, steps=None):
+        return build_cpp(layout, requests, comm=comm, name=name, concurrency=concurrency, steps=steps)
     return build
 
 
-def _vpp(layout, requests, *, concurrency=None, cost=None):
-    return build_vpp(layout, requests, concurrency=concurrency)
+def _vpp(layout, requests, *, concurrency=None, cost=None, steps=None):
+    return build_vpp(layout, requests, concurrency=concurrency, steps=steps)
 
 
 def _vpp_async(order: str, name: str) -> Builder:
-    def build(layout, requests, *, concurrency=None, cost=None):
-        return build_vpp_async(layout, requests, concurrency=concurrency, request_order=order, name=name)
+    def build(layout, requests, *, concurrency=None, cost=None, steps=None):
+        return build_vpp_async(layout, requests, concurrency=concurrency, request_order=order, name=name,
+                               steps=steps)
     return build
 
 
-def _vpp_packed(layout, requests, *, concurrency=None, cost=None):
+def _vpp_packed(layout, requests, *, concurrency=None, cost=None, steps=None):
+    if steps is not None:  # shared steps flow back to back: no drain between requests is left to pack
+        return build_vpp_async(layout, requests, concurrency=concurrency, name="vpp-packed", steps=steps)
     return build_vpp_packed(layout, requests, cost=cost, concurrency=concurrency)
 
 
