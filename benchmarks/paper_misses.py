@@ -15,8 +15,10 @@ from .cells import Cell, _fmt
 WAITING = ("waiting per rank: a stage-time imbalance of ~10% of compute (the 'rank 0 one layer heavier' what-if "
            "closes CPP / DCPP bubble and VPP's communication; vLLM's 31/30 split, dense layers and embedding / head "
            "give 3.3%)")
-PLANNER = ("DCPP's planner: the model cuts more, smaller chunks than vLLM-Ascend did (the peer's profile and "
-           "shared budget are issue 20's); each extra step adds MLA prefix rebuild and collectives")
+PLANNER = ("DCPP's planner: vLLM-Ascend main's planner fed the peer's profile (output rank, online calibration) "
+           "cuts 22 steps at 128K / 16K and 106 at 512K / 24K; no sourced variant (first rank, whole-pipeline "
+           "timing, page 128, min chunk 2048, offline) goes below 19 (section 5); the paper's 17 needs a mean "
+           "chunk of ~7.7K, ours is ~6.0K; each extra step adds MLA prefix rebuild and collectives")
 STALL = ("DCPP's per-step cost: where and how often vLLM-Ascend synchronises (what-if rows: every step, first 30 "
          "steps, none); at 64K-256K the paper's DCPP cannot have paid the fitted stall on every step")
 COLLECTIVE = ("a fixed cost per collective call (~0.9 ms per call closes Table 1's +6.01 s; the model's calls pay "
@@ -26,8 +28,11 @@ OVERLAP = ("how long VPP-Async's posted receives are in flight: the model posts 
 GQA = ("a DCPP cost growing with prefix x steps on GQA (Qwen); no per-step constant fits both 128K and 512K "
        "(section 5)")
 CHUNK = ("a per-chunk cost that no schedule hides (section 5 gives the window per cell that would make 24K best)")
-STREAM = ("the streams: one prompt per step and strict packing here; vLLM batches prompts under a shared token "
-          "budget (issue 20), and DCPP's stall is paid on every step of thousands")
+STREAM = ("the streams: vLLM's shared token budget is modelled (each request's piece of a step is its own stage "
+          "call, so a prompt shorter than the budget stays one chunk); on one-chunk prompts VPP + packing packs only "
+          "every second request (the next stage 0 overruns the window by its embedding, on DeepSeek by a layer); "
+          "packing on Algorithm 2's own law packs them all on Qwen / GLM but widens the mixed gains (section 7); "
+          "vLLM runs a step's prompts as one forward, the model one stage call per prompt")
 ATTN = "attention efficiency by chunk size: VPP's 24K calls would have to run ~2% slower than DCPP's ~4.6K calls"
 PACKING = ("the packer's gain: in the model packing removes no bubble in the 3 x 256K ablation (its gain comes "
            "from communication), the paper's removes a third of the cross-request bubble")

@@ -22,6 +22,7 @@ import time
 
 from benchmarks._report import figure, kib, md_table, save
 from benchmarks import cell_status as CS, cells as C, paper_cells as PC, paper_misses as PM, paper_whatif as PW
+from benchmarks import paper_dcpp_steps as PDS
 from vpp.bench import paper
 from vpp.bench.serving import best_budget, compare
 from vpp.bench.sweep import MODELS, at, best, fitted_setups, sweep
@@ -60,8 +61,11 @@ MECHANISMS = (
     ("profiler accounting", "a communication task runs from its issue to its data's arrival: async plans' "
      "posted receives are communication (overlapped while the rank computes), blocking hand-overs wait as Free",
      "Ascend profiler step trace; vLLM's CPU-side metadata exchange", "none; both views in sections 4 and 5"),
-    ("shared token budget in streams", "several prompts in one step under one budget", "vLLM scheduler",
-     "NOT MODELLED here (issue 20); streams run one prompt per step"),
+    ("shared token budget in streams", "each step carries up to the budget: the rest of the running request, then "
+     "the first chunks of the next ones; DCPP's time budget shared the same way (vpp/plan/shared_budget.py, "
+     "issue 20); each request's piece of a step is its own stage call", "vLLM scheduler (running, then waiting "
+     "requests while the token budget lasts); vLLM-Ascend #9900 (shared time budget)",
+     "none; on in the streams (Setup.shared_budget), section 7 scores the streams with it off"),
 )
 FIT_CELLS = {"eff_attn": ("Table 1", "CPP computation"), "eff_link": ("Table 1", "CPP exposed comm."),
              "host_step": ("Table 2(c)", "DCPP Launch stall")}
@@ -104,7 +108,10 @@ def scored_cells(setups, points, stream_results) -> tuple[list, list]:
     return CS.dedupe(CS.assign(base, moved))
 
 
-def streams(setups, quick: bool) -> dict:
+def streams(setups, quick: bool, shared_budget: bool = True) -> dict:
+    """The Fig. 3 streams, each strategy at its best budget; ``shared_budget``: vLLM's shared token budget
+    (:mod:`vpp.plan.shared_budget`), the adopted model."""
+    setups = {m: st.replace(shared_budget=shared_budget) for m, st in setups.items()}
     workloads = {"mixed": mixed(scale=1)}
     for n in (4096, 8192, 16384):
         workloads[f"short-{n // 1024}K"] = short(scale=1, length=n)
@@ -244,7 +251,7 @@ def stage_imbalance(ds) -> str:
 def diagnostics(setups, runs, points, whatif: bool = True) -> str:
     ds = setups["deepseek-v3.1"]
     lines = ["## 5. Where the model disagrees, and what would have to differ", "", stage_imbalance(ds), "",
-             PW.section(setups) if whatif else "(what-if table: full run only)", ""]
+             PW.section(setups) if whatif else "(what-if table: full run only)", "", PDS.section(ds)]
     gaps = []
     for model, length, target in (("qwen3-coder-30b-a3b", 131072, 0.037), ("qwen3-coder-30b-a3b", 524288, 0.087),
                                   ("glm-5.2", 65536, 0.085), ("deepseek-v3.1", 65536, 0.026)):
@@ -293,13 +300,42 @@ def section_sweep(points) -> str:
     return "\n".join(lines)
 
 
-def section_streams(results) -> str:
+def section_stream_switches(results, off, eq2) -> str:
+    """The Fig. 3 cells as adopted (shared token budget, packing estimated on the deployment's cost model),
+    with one prompt per step, and with packing estimated on Algorithm 2's own law."""
+    if off is None or eq2 is None:
+        return "(stream switches: full run only)"
+    cols = [PC.stream_cells(r) for r in (results, off, eq2)]
+    body = [[c.section, c.row, C._fmt(c.paper, c.unit)]
+            + [x for o in row for x in (C._fmt(o.model, o.unit), "yes" if o.within else "no")]
+            for row in zip(*cols) for c in [row[0]]]
+    n = [sum(bool(c.within) for c in col) for col in cols]
+    moved = lambda a, b, fig: [y.model - x.model for x, y in zip(a, b) if x.section == fig and None not in (x.model, y.model)]
+    mixed = moved(cols[0], cols[2], "Fig. 3 mixed")
+    short = moved(cols[0], cols[2], "Fig. 3 short")
+    return "\n".join([
+        f"**Two switches on the streams**: within {n[0]} of {len(cols[0])} as adopted (vLLM's shared token budget, "
+        f"packing estimated on the deployment's cost model), {n[1]} with one prompt per step, {n[2]} with packing "
+        "estimated on Algorithm 2's own law (tau_k = (k + 1) t, the paper's Sec. 5). Each request's piece of a "
+        "shared step is its own stage call (vpp/plan/shared_budget.py), so a prompt shorter than the budget is "
+        "one chunk either way: the budget moves only the mixed stream. On one-chunk prompts the cost-model "
+        "packer places the next request's stage 0 only where it delays nothing, and stage 0 (the embedding, and "
+        "on DeepSeek one layer more) overruns the window the previous request leaves, so only every second "
+        "request packs; Algorithm 2's law packs them on Qwen and GLM (the short cells move by "
+        f"{min(short):+.1f} to {max(short):+.1f} points) but widens the mixed-stream gains "
+        f"({min(mixed):+.1f} to {max(mixed):+.1f} points).", "",
+        md_table(["figure", "quantity", "paper", "adopted", "within", "one prompt per step", "within",
+                  "packing on Eq. 2", "within"], body), ""])
+
+
+def section_streams(results, off=None, eq2=None) -> str:
     lines = ["## 7. Request streams at paper scale (Fig. 3 workloads)", "",
              "Each strategy at its best budget (highest throughput); TTFT from hand-over (median / p90, s); "
              "throughput in tokens/s. VPP = VPP-Async + packing (the paper's full method, scored in section 3); "
              "'per-rank V' is the same on a V balanced per rank (rank 0 carries the embedding and the head). "
-             "Short prompts are one chunk each (no batching of several prompts into one step; see "
-             "vpp/bench/serving.py).", ""]
+             "Every strategy fills its steps under vLLM's shared token budget (vpp/plan/shared_budget.py; DCPP "
+             "with vLLM-Ascend's shared time budget and its online calibration over the first steps).", "",
+             section_stream_switches(results, off, eq2), ""]
     label = lambda s: "VPP-Async + packing, per-rank V" if s == "vpp-packed/rank" else LABEL[s]
     for (model, wl), rows in results.items():
         body = [[label(s), kib(r.chunk), r.chunks, r.stats.ttft_median, r.stats.ttft_p90, f"{r.stats.throughput:.0f}",
@@ -359,12 +395,14 @@ def main(argv=None) -> int:
     rows = {s: r.row for s, r in runs.items()}
     points = sweep(setups, list(STRATS), paper.LENGTHS, paper.CHUNKS)
     results = streams(setups, args.quick)
+    off = None if args.quick else streams(setups, True, shared_budget=False)
+    eq2 = None if args.quick else streams({m: st.replace(packing_estimate="eq2") for m, st in setups.items()}, True)
     cells, dropped = scored_cells(setups, points, results)
     score = C.summary(cells)
     parts = ["# VPP paper reproduction (simulated, paper scale)", "", "Command: `python -m benchmarks.paper_repro`.", "",
              section_constants(setups["deepseek-v3.1"].device), section_view(), section_mechanisms(fit),
              section_cells(cells, dropped, score), PM.section(cells), section_simulator_view(runs, setups), diagnostics(setups, runs, points, not args.quick),
-             section_sweep(points), section_streams(results)]
+             section_sweep(points), section_streams(results, off, eq2)]
     if not args.quick:
         parts += ["Figures: " + ", ".join(os.path.basename(p) for p in figures(setups, points, runs, args.out)), ""]
     if os.path.exists(NOTES):

@@ -75,3 +75,56 @@ def test_every_meta_point_is_the_full_prefill_of_its_shape():
 
 def test_deployments_carry_the_kv_format():
     assert {d.setup.par.kv_bytes for d in deployments(get_arch("deepseek"), DEV, devices=16, kv_bytes=1)} == {1}
+
+
+def test_shared_budget_in_the_streams():
+    # budget 1024 over 2048, 512, 4096 tokens: r0 two full steps; r1's 512 shares a step with 512 of r2,
+    # whose 3584 left are 3 full steps and 512: 2 + 1 + 5 pieces (one prompt per step: 2 + 1 + 4)
+    setup = tiny_setup()
+    w = Workload("w", (2048, 512, 4096), (0.0, 0.0, 0.0), 3)
+    shared = setup.replace(shared_budget=True)
+    assert serve(setup, w, "cpp", 1024).chunks == 7
+    r = serve(shared, w, "cpp", 1024)
+    assert r.chunks == 8 and r.stats.tokens == 6656
+
+
+def test_shared_budget_dcpp_calibrates_on_each_step():
+    from vpp.perf.runs import dcpp_chunking
+    from vpp.plan.shared_budget import shared_budget_steps
+
+    setup = tiny_setup().replace(shared_budget=True)
+    layout = setup.layout("loop")
+    cost = setup.cost(layout, "dcpp")
+    lengths = [6000, 700, 9000]
+    reqs = dcpp_chunking(setup, lengths, 2048, cost, layout)
+    assert [sum(q.chunk_sizes) for q in reqs] == lengths
+    # synced shapes: one per timed step, each a step's first piece (a request's chunk at its offset)
+    pieces = {(n, q.offset(c)) for q in reqs for c, n in enumerate(q.chunk_sizes)}
+    assert cost.sync_only and cost.sync_only <= pieces
+    # without online calibration the steps are the offline planner's shared-budget steps
+    off = setup.replace(dcpp_online=False)
+    reqs_off = dcpp_chunking(off, lengths, 2048, off.cost(layout, "dcpp"), layout)
+    from vpp.plan.dcpp import DcppPlanner, profiled_stages, stage_measure
+    p = DcppPlanner(setup.dcpp_variant, budget=2048, online=False)
+    p.profile(stage_measure(off.cost(layout, "dcpp"), profiled_stages(layout, setup.dcpp_variant)))
+    sizes = [[] for _ in lengths]
+    for step in shared_budget_steps(lengths, 2048, planner=p):
+        assert sum(n for _, n in step) <= 2048
+        for q, n in step:
+            sizes[q].append(n)
+    assert [list(q.chunk_sizes) for q in reqs_off] == sizes
+
+
+def test_packing_estimate_switch():
+    from vpp.plan import simulate, strategies
+    from vpp.plan.stream import stream_stats
+
+    setup = tiny_setup().replace(packing_estimate="eq2")
+    w = Workload("w", (512, 512, 512, 512), (0.0,) * 4, 4)
+    r = serve(setup, w, "vpp-packed", 512)
+    layout = setup.layout("v")
+    cost = setup.cost(layout, "vpp-packed")
+    plan = strategies.get("vpp-packed").plan(layout, w.requests(512), concurrency=4, cost=None)
+    assert r.stats.makespan == pytest.approx(stream_stats(simulate(plan, cost, check=False), plan).makespan)
+    with pytest.raises(ValueError, match="packing_estimate"):
+        tiny_setup().replace(packing_estimate="x").cost(layout)

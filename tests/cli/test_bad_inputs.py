@@ -29,6 +29,10 @@ def _model_dirs(tmp_path):
 
 CASES = [
     # (argv, code, the message)
+    ("generate --decode-pp 2", 2, r"--decode-pp needs --decode-tp"),
+    ("generate --decode-tp 2 --save-kv /tmp/x", 2, r"--decode-tp hands the caches over between ranks; --save-kv / --load-kv"),
+    ("generate --decode-tp 3", 2, r"cpp with --tp 3 --pp 1 on tiny-deepseek: num_attention_heads=8 is not divisible by tp=3"),
+    ("generate --load-kv /nonexistent", 2, r"--load-kv /nonexistent: .*manifest.json: not a readable KV directory manifest"),
     ("prefill --pp 8", 2, r"cpp with --tp 1 --pp 8 on tiny-deepseek: 6 layers with stage starts \[0, 1, 2, 3, 4, 5\] allow 6 stages, 8 asked for"),
     ("prefill --tp 3", 2, r"num_attention_heads=8 is not divisible by tp=3"),
     ("prefill --model tiny-glm --tp 3 --pp 1 --schedule cpp", 2, r"num_attention_heads=8 is not divisible by tp=3"),

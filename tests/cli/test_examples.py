@@ -83,3 +83,32 @@ def test_generate_under_torchrun_matches_spawned_ranks():
     out = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "vpp", *args)
     launched = json.loads(out.strip().splitlines()[-1])  # global rank 0 prints the object
     assert launched["generated_ids"] == spawned["generated_ids"] and launched["prompt_ids"] == spawned["prompt_ids"]
+
+
+def test_generate_decodes_on_another_group_and_from_a_kv_directory(tmp_path):
+    """`vpp generate --decode-tp 2` after a TP1 x PP2 vpp-async prefill, and the directory round trip
+    (--save-kv on TP1 x PP2, --load-kv on TP2 x PP1), against transformers' greedy generate (DeepSeek-V3.2:
+    MLA latents and DSA indexer keys; tests/runtime/test_handover.py covers every family through the API)."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.models.hf_tiny import model
+    path = tmp_path / "m"
+    model("deepseek_v32", num_hidden_layers=6).save_pretrained(path)
+    common = ["--model", str(path), "--max-new-tokens", "12", "--json", "--chunk-size", "8"]
+    moved = json.loads(_run("-m", "vpp", "generate", *common, "--seq-len", "37", "--tp", "1", "--pp", "2",
+                            "--schedule", "vpp-async", "--decode-tp", "2"))
+    saved = json.loads(_run("-m", "vpp", "generate", *common, "--seq-len", "37", "--tp", "1", "--pp", "2",
+                            "--schedule", "vpp-async", "--save-kv", str(tmp_path / "kv")))
+    loaded = json.loads(_run("-m", "vpp", "generate", *common, "--tp", "2", "--pp", "1", "--load-kv",
+                             str(tmp_path / "kv")))
+    ids = torch.tensor(moved["prompt_ids"])
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(path).eval().generate(
+            ids[None], attention_mask=torch.ones_like(ids)[None], max_new_tokens=12, do_sample=False,
+            pad_token_id=0, eos_token_id=None)[0, ids.numel():].tolist()
+    assert moved["generated_ids"] == ref and moved["handover_s"] > 0
+    assert saved["generated_ids"] == ref[:1] and loaded["prompt_ids"] == moved["prompt_ids"]
+    assert loaded["generated_ids"] == ref

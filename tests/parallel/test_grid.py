@@ -79,3 +79,11 @@ def test_all_sizes_small_exhaustive():
         sizes = GridSizes(tp * pp * dp, tp=tp, pp=pp, dp=dp)
         groups = rank_groups(sizes)
         assert len(groups["pp"]) == tp * dp and len(groups["tp"]) == pp * dp
+
+
+def test_disaggregated_world_splits_into_consecutive_instances():
+    from vpp.parallel.instances import disaggregated_sizes, instance_ranks
+    prefill, decode = disaggregated_sizes(2, 2, 4, 1)
+    assert (prefill.world_size, decode.world_size) == (4, 4)
+    assert instance_ranks((prefill, decode)) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert instance_ranks(disaggregated_sizes(1, 3, 2, 2)) == [(0, 1, 2), (3, 4, 5, 6)]

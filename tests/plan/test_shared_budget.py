@@ -45,3 +45,11 @@ def test_shared_budget_plans_verify_and_simulate(lengths):
     plan = verify(build_cpp(layout, shared_budget_requests(lengths, 512)))
     s = simulate(plan, cost).summarize()
     assert s.makespan > 0 and sum(q.new_tokens for q in plan.requests) == sum(lengths)
+
+
+def test_on_step_sees_each_step_with_its_prefixes():
+    seen = []
+    steps = shared_budget_steps([1000, 300, 5000], 512, on_step=seen.append)
+    assert len(seen) == len(steps)
+    assert seen[:3] == [[(512, 0)], [(488, 512), (24, 0)], [(276, 24), (236, 0)]]
+    assert seen[3] == [(512, 236)]

@@ -14,9 +14,13 @@ Every plan carries the workload's concurrency limit; TTFT is measured from the m
 request over (:mod:`vpp.plan.stream`). :func:`best_budget` keeps, per strategy, the budget with the
 highest throughput (the paper's rule: each strategy at its best budget).
 
-Not modelled: vLLM's batching of several short prompts into one step. Here every chunk holds tokens of
-one request (a 4K prompt is one chunk whatever the budget), so the short stream measures how each
-schedule pipelines many one-chunk requests, not how a budget batches them.
+With ``setup.shared_budget`` (:class:`vpp.perf.runs.Setup`) every strategy fills its steps as vLLM's
+scheduler does (:mod:`vpp.plan.shared_budget`): a step carries the rest of the running request, then
+the first chunks of the next ones, up to the budget; DCPP shares vLLM-Ascend's time budget the same way
+and calibrates online on each step's time. Each request's piece of a step is its own stage call, so a
+prompt shorter than the budget is one chunk with or without the shared budget. ``setup.packing_estimate``
+says what VPP + packing estimates its drain windows with: this deployment's cost model (``"cost"``,
+default) or Algorithm 2's own law, tau_k = (k + 1) t (``"eq2"``, :func:`vpp.plan.packing.default_cost`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Sequence
 
 from vpp.perf.runs import Setup, dcpp_chunking
 from vpp.plan import simulate, strategies
+from vpp.plan.shared_budget import shared_budget_requests
 from vpp.plan.stream import StreamStats, stream_stats
 from vpp.plan.workloads import Workload
 
@@ -60,9 +65,12 @@ def serve(setup: Setup, workload: Workload, strategy: str, chunk: int, *, per_ra
     cost = setup.cost(layout, strategy)
     if spec.chunking == "dcpp":
         requests = dcpp_chunking(setup, workload.lengths, chunk, cost, layout, workload.arrivals)
+    elif setup.shared_budget:
+        requests = shared_budget_requests(workload.lengths, chunk, arrivals=workload.arrivals)
     else:
         requests = workload.requests(chunk)
-    plan = spec.plan(layout, requests, concurrency=workload.concurrency, cost=cost)
+    estimate = None if spec.packs and setup.packing_estimate == "eq2" else cost   # None: Algorithm 2's Eq. 2 law
+    plan = spec.plan(layout, requests, concurrency=workload.concurrency, cost=estimate)
     trace = simulate(plan, cost, check=False)
     return Served(strategy, chunk, stream_stats(trace, plan), sum(q.num_chunks for q in plan.requests))
 

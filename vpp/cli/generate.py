@@ -9,6 +9,17 @@ The prompt is ``--prompt TEXT`` or ``--prompt-file F`` (tokenised with the check
 text when the checkpoint has a tokenizer (as ids otherwise); ``--json`` prints one object with
 ``prompt_ids``, ``generated_ids``, ``text`` (with a tokenizer), ``ttft_s`` and
 ``time_per_output_token_s``.
+
+Prefill here, decode there: ``--decode-tp T [--decode-pp P]`` prefills on the first ``tp x pp``
+ranks with the chosen schedule, hands the request's caches over to the next ``T x P`` ranks (a
+loop layout; P defaults to 1) and decodes there (:mod:`vpp.runtime.disaggregated`); the JSON then
+also has ``handover_s``. ``--save-kv DIR`` prefills, samples the first token and writes the caches
+to DIR (:mod:`vpp.runtime.kv_files` documents the layout); ``--load-kv DIR`` continues that request
+on ``--tp x --pp`` ranks of any layout (the prompt and the first token come from DIR)::
+
+    vpp generate --model DIR --tp 1 --pp 2 --schedule vpp-async --decode-tp 2 --max-new-tokens 12 --json
+    vpp generate --model DIR --tp 1 --pp 2 --save-kv kv/ --max-new-tokens 12 --json
+    vpp generate --model DIR --tp 2 --pp 1 --load-kv kv/ --max-new-tokens 12 --json
 """
 
 from __future__ import annotations
@@ -49,6 +60,12 @@ def add_arguments(p) -> None:
     p.add_argument("--timeout", type=positive_float, default=600.0,
                    help="seconds before a stuck rank fails the run (also the process group's timeout)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument("--decode-tp", type=positive_int, default=None,
+                   help="decode on another TP x PP group of ranks after the prefill (the KV caches are handed over)")
+    p.add_argument("--decode-pp", type=positive_int, default=None, help="the decode group's PP (default 1)")
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--save-kv", metavar="DIR", help="prefill, sample the first token, write the caches to DIR, stop")
+    kv.add_argument("--load-kv", metavar="DIR", help="continue the request saved in DIR (--tp x --pp of any layout)")
 
 
 @dataclass
@@ -69,6 +86,12 @@ class GenerateJob:
     stream: bool
     eos_token_id: int | None
     cached_prefix: int = 0
+    decode_tp: int | None = None
+    decode_pp: int = 1
+    save_kv: str | None = None
+    load_kv: str | None = None
+    first_tokens: list[int] | None = None  # --load-kv: the tokens generated before the caches were saved
+    sampler_state: str | None = None  # hex of the sampler's generator state
 
 
 def check(args) -> None:
@@ -79,9 +102,24 @@ def check(args) -> None:
         check_model(args.model, dtype=args.dtype)
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from None
-    model = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=[args.schedule])
+    if args.decode_pp is not None and args.decode_tp is None:
+        raise UsageError("--decode-pp needs --decode-tp (the decode group's TP size)")
+    if args.cached_prefix and (args.decode_tp is not None or args.save_kv or args.load_kv):
+        raise UsageError("--cached-prefix runs on one group: it cannot be combined with --decode-tp, --save-kv or "
+                         "--load-kv")
+    if args.decode_tp is not None and (args.save_kv or args.load_kv):
+        raise UsageError("--decode-tp hands the caches over between ranks; --save-kv / --load-kv through a directory: "
+                         "choose one")
+    model = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=["cpp" if args.load_kv else args.schedule])
+    if args.decode_tp is not None:
+        open_checked(args.model, tp=args.decode_tp, pp=args.decode_pp or 1, schedules=["cpp"])
     args.tokenizer = _tokenizer(args)
-    if args.prompt is not None or args.prompt_file is not None:
+    saved = _saved_request(args.load_kv) if args.load_kv else None
+    if saved is not None:
+        if args.prompt is not None or args.prompt_file is not None or args.seq_len is not None:
+            raise UsageError("--load-kv continues the saved prompt: give no --prompt / --prompt-file / --seq-len")
+        ids = saved["prompt_ids"]
+    elif args.prompt is not None or args.prompt_file is not None:
         text = args.prompt if args.prompt is not None else _read(args.prompt_file)
         try:
             ids = text_prompt(args.tokenizer, text, vocab_size=int(model.config["vocab_size"])).tolist()
@@ -101,7 +139,32 @@ def check(args) -> None:
                            args.temperature, args.top_k, args.top_p, args.seed, args.dtype, args.timeout,
                            stream=not args.json, eos_token_id=model.config.get("eos_token_id")
                            if isinstance(model.config.get("eos_token_id"), int) else None,
-                           cached_prefix=args.cached_prefix)
+                           cached_prefix=args.cached_prefix,
+                           decode_tp=args.decode_tp, decode_pp=args.decode_pp or 1, save_kv=args.save_kv,
+                           load_kv=args.load_kv, first_tokens=saved["generated"] if saved else None,
+                           sampler_state=saved.get("sampler_state") if saved else None)
+    if args.save_kv:
+        _check_output_dir(args.save_kv)
+
+
+def _saved_request(directory: str) -> dict:
+    """The prompt and tokens a --save-kv run recorded in ``directory`` (a UsageError if unreadable)."""
+    from vpp.runtime.kv_files import read_manifest
+    try:
+        extra = read_manifest(directory)["extra"]
+        return dict(prompt_ids=[int(t) for t in extra["prompt_ids"]], generated=[int(t) for t in extra["generated"]],
+                    sampler_state=extra.get("sampler_state"))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--load-kv {directory}: {exc}") from None
+
+
+def _check_output_dir(directory: str) -> None:
+    import os
+    if os.path.exists(os.path.join(directory, "manifest.json")):
+        raise UsageError(f"--save-kv {directory}: already holds saved caches (manifest.json); choose an empty directory")
+    parent = os.path.dirname(os.path.abspath(directory))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise UsageError(f"--save-kv {directory}: cannot create it in {parent}")
 
 
 def _tokenizer(args):
@@ -132,6 +195,10 @@ def _read(path: str) -> str:
 
 def _worker(rank: int, world: int, job: GenerateJob, has_tokenizer: bool):
     setup_logging()
+    if job.decode_tp is not None:
+        return _disaggregated_worker(job, has_tokenizer)
+    if job.load_kv is not None:
+        return _load_worker(job, has_tokenizer)
     import torch
 
     from vpp.models.registry import open_model
@@ -157,10 +224,99 @@ def _worker(rank: int, world: int, job: GenerateJob, has_tokenizer: bool):
     if job.cached_prefix:  # the prefix's caches stay in the stages under request 0, the id generate uses
         pipe.prefill(ids[:job.cached_prefix] if holds_first else None, chunking, schedule=job.schedule,
                      decode_room=len(job.prompt_ids) - job.cached_prefix + job.max_new_tokens - 1)
+    if job.save_kv is not None:
+        return _save(pipe, job, ids if holds_first else None, chunking)
     gen = pipe.generate(ids if holds_first else None, job.max_new_tokens, chunking, schedule=job.schedule,
                         sampler=Sampler(job.temperature, job.top_k, job.top_p, job.seed),
                         eos_token_id=job.eos_token_id, on_tokens=show, cached_tokens=job.cached_prefix)
     return gen if groups.global_rank == 0 else None
+
+
+def _sampler(job: GenerateJob):
+    from vpp.runtime import Sampler
+    return Sampler(job.temperature, job.top_k, job.top_p, job.seed)
+
+
+def _show(job: GenerateJob, has_tokenizer: bool, leader: bool):
+    if not (job.stream and leader):
+        return None
+    tokenizer = None
+    if has_tokenizer:
+        from vpp.models.tokenizer import load_tokenizer
+        tokenizer = load_tokenizer(job.model)
+    return _streamer(tokenizer)
+
+
+def _disaggregated_worker(job: GenerateJob, has_tokenizer: bool):
+    """Prefill on the first tp x pp ranks, decode on the next decode_tp x decode_pp ranks."""
+    import torch
+
+    from vpp.models.registry import open_model
+    from vpp.parallel.instances import initialize_disaggregated
+    from vpp.runtime import Pipeline, profile_planner
+    from vpp.runtime.disaggregated import generate_disaggregated
+
+    link = initialize_disaggregated(job.tp, job.pp, job.decode_tp, job.decode_pp)
+    model = open_model(job.model, dtype=job.dtype, device_kind=link.groups.accelerator.kind)
+    layout = model.layout_for(job.schedule, job.pp) if link.is_prefill else model.layout("loop", job.decode_pp)
+    stages = model.stages(layout, link.groups)
+    pipe = Pipeline(stages, link.groups, timeout_s=job.timeout_s)
+    chunking = job.chunk_size
+    if link.is_prefill and job.schedule == "dcpp":
+        chunking = profile_planner(stages, link.groups, job.chunk_size).chunk_sizes
+    leader = link.groups.global_rank == link.decode_ranks[0]
+    holds_first = link.is_prefill and any(s.is_first for s in stages)
+    ids = torch.tensor(job.prompt_ids, dtype=torch.long)
+    gen = generate_disaggregated(pipe, link, ids if holds_first else None, job.max_new_tokens, chunking,
+                                 schedule=job.schedule, sampler=_sampler(job), eos_token_id=job.eos_token_id,
+                                 on_tokens=_show(job, has_tokenizer, leader))
+    return gen if leader else None
+
+
+def _save(pipe, job: GenerateJob, ids, chunking):
+    """Prefill, sample the first token, write the caches to job.save_kv; a Generation of one token."""
+    from vpp.runtime import Generation
+    from vpp.runtime.kv_files import save_cache
+
+    sampler = _sampler(job)
+    out = pipe.prefill(ids, chunking, schedule=job.schedule)
+    first = [int(sampler.sample(pipe.next_logits(out, [0]))[0])]
+    state = bytes(sampler.generator.get_state().tolist()).hex()
+    save_cache(pipe, 0, job.save_kv, extra=dict(prompt_ids=job.prompt_ids, generated=first, sampler_state=state,
+                                                 model=job.model, schedule=job.schedule))
+    return Generation({0: first}, out.wall_s, 0.0, 0) if pipe.groups.global_rank == 0 else None
+
+
+def _load_worker(job: GenerateJob, has_tokenizer: bool):
+    """Continue the request saved in job.load_kv on this job's tp x pp ranks (a loop layout)."""
+    import torch
+
+    from vpp.models.registry import open_model
+    from vpp.parallel import initialize_model_parallel
+    from vpp.runtime import Generation, Pipeline
+    from vpp.runtime.kv_files import load_cache
+
+    groups = initialize_model_parallel(job.tp, job.pp)
+    model = open_model(job.model, dtype=job.dtype, device_kind=groups.accelerator.kind)
+    pipe = Pipeline(model.stages(model.layout("loop", job.pp), groups), groups, timeout_s=job.timeout_s)
+    load_cache(pipe, 0, job.load_kv, reserve=job.max_new_tokens)
+    sampler = _sampler(job)
+    if job.sampler_state is not None:
+        sampler.generator.set_state(torch.tensor(list(bytes.fromhex(job.sampler_state)), dtype=torch.uint8))
+    generated = {0: list(job.first_tokens)}
+    steps, decode_s = pipe.continue_generation(generated, job.max_new_tokens, sampler, eos_token_id=job.eos_token_id,
+                                               on_tokens=_show(job, has_tokenizer, groups.global_rank == 0))
+    pipe.release(0)
+    return Generation(generated, 0.0, decode_s, steps) if groups.global_rank == 0 else None
+
+
+def _config(job: GenerateJob) -> dict:
+    """The job's settings for the JSON output: the hand-over's only when used (internal ones never)."""
+    extra = ("decode_tp", "decode_pp", "save_kv", "load_kv")
+    out = {k: v for k, v in asdict(job).items() if k not in ("prompt_ids", "first_tokens", "sampler_state")}
+    if job.decode_tp is None:
+        out.pop("decode_pp")
+    return {k: v for k, v in out.items() if k not in extra or v is not None}
 
 
 def _streamer(tokenizer):
@@ -180,15 +336,19 @@ def _streamer(tokenizer):
 def run(args) -> int:
     from vpp.parallel import launch
     job = args.job
-    gen = launch(_worker, job.tp * job.pp, job, args.tokenizer is not None, timeout=job.timeout_s * 2, threads=args.threads,
-                 pg_timeout_s=job.timeout_s)[0]
-    if gen is None:  # under torchrun, every rank but global rank 0
+    world = job.tp * job.pp + (job.decode_tp * job.decode_pp if job.decode_tp else 0)
+    values = launch(_worker, world, job, args.tokenizer is not None, timeout=job.timeout_s * 2, threads=args.threads,
+                    pg_timeout_s=job.timeout_s)
+    gen = next((v for v in values if v is not None), None)
+    if gen is None:  # under torchrun, every rank but the one that reports
         return 0
     new = gen.tokens[0]
     if args.json:
         out = {"prompt_ids": job.prompt_ids, "generated_ids": new, "ttft_s": gen.ttft_s,
                "time_per_output_token_s": gen.time_per_output_token_s, "decode_steps": gen.steps,
-               "config": {k: v for k, v in asdict(job).items() if k != "prompt_ids"}}
+               "config": _config(job)}
+        if job.decode_tp is not None:
+            out["handover_s"] = gen.handover_s
         if args.tokenizer is not None:
             out["text"] = args.tokenizer.decode(new)
         print(json.dumps(out))

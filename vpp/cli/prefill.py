@@ -28,11 +28,13 @@ from vpp.cli.terminal import progress_bar, setup_logging
 from vpp.plan import strategies
 from vpp.plan.dcpp import DEFAULT_VARIANT, VARIANTS
 
-# The defaults show the effect on a 2-core machine in about two minutes: tiny-deepseek, 8192 random
-# tokens in 4 chunks of 2048, 5 interleaved rounds. With tau_k linear in k, the V's gain over CPP is
-# its shorter drain and fill, (tau_{N-1} - tau_0) / 2 of S + tau_{N-1} (vpp.plan.drain_balance), so it
-# is largest at few chunks whose cost grows most with the prefix: the cost model gives VPP-Async
-# 0.882 of CPP's makespan at 4 chunks of 2048, 0.903 at 8 of 1024 and 0.937 at 16 of 1024.
+# The defaults are chosen to show the effect on a quiet 2-core machine in about two minutes (estimated
+# from the 12K-token run of benchmarks/results/measured.md: 181 s for 5 rounds of 3 schedules at ~10 s
+# each): tiny-deepseek, 8192 random tokens in 4 chunks of 2048, 5 interleaved rounds. With tau_k linear
+# in k, the V's gain over CPP is its shorter drain and fill, (tau_{N-1} - tau_0) / 2 of S + tau_{N-1}
+# (vpp.plan.drain_balance), so it is largest at few chunks whose cost grows most with the prefix: the
+# cost model gives VPP-Async 0.882 of CPP's makespan at 4 chunks of 2048, 0.903 at 8 of 1024 and 0.937
+# at 16 of 1024 (tests/bench/test_partition.py checks the order).
 DEFAULT_SEQ_LEN = 8192
 DEFAULT_CHUNK = 2048
 DEFAULT_ROUNDS = 5

@@ -137,7 +137,7 @@ class Stage(nn.Module):
 
     # --- KV hand-over: a request's caches as plain tensors ---------------------------------------
 
-    def export_cache(self, request: Hashable) -> dict[str, torch.Tensor]:
+    def export_cache(self, request: Hashable, *, copy: bool = True) -> dict[str, torch.Tensor]:
         """This stage's caches of ``request`` as plain tensors (copies, on this rank's device), named
         ``"model.layers.{i}.self_attn.{part}"`` with the checkpoint's global layer index ``i``:
 
@@ -148,11 +148,25 @@ class Stage(nn.Module):
           layers with an indexer of their own.
 
         Token ``t`` of a request is row ``t`` (positions 0 .. cache_length - 1). :meth:`import_cache`
-        takes the same dict into fresh stages of the same layers and TP rank."""
+        takes the same dict into fresh stages of the same layers and TP rank; :meth:`cache_slices`
+        says which slice of the full tensors this rank holds, for a hand-over to another layout.
+        ``copy=False`` gives views of the caches instead (valid until the request grows or is freed)."""
         out = {}
         for i, layer in zip(range(*self.layer_range), self.model.layers.values()):
             for part, tensor in layer.self_attn.cache.get(request).items():
-                out[f"model.layers.{i}.self_attn.{part}"] = tensor.clone()
+                out[f"model.layers.{i}.self_attn.{part}"] = tensor.clone() if copy else tensor
+        return out
+
+    def cache_slices(self) -> dict[str, tuple[int, int, int, int] | None]:
+        """Every cache tensor this stage holds per request, named as :meth:`export_cache` names them:
+        ``(dim, start, end, full)`` for a slice of the full tensor (GQA: this rank's KV heads along
+        dim 0), None for a whole tensor (replicated over TP). What a hand-over to another layout plans
+        with (:mod:`vpp.plan.kv_handover`)."""
+        out = {}
+        for i, layer in zip(range(*self.layer_range), self.model.layers.values()):
+            cache = layer.self_attn.cache
+            for part in cache.layouts:
+                out[f"model.layers.{i}.self_attn.{part}"] = cache.slices.get(part)
         return out
 
     def import_cache(self, request: Hashable, tensors: dict[str, torch.Tensor]) -> None:

@@ -58,6 +58,20 @@ class ParallelGroups:
     # the two directions of a V never queue behind each other on one communicator (the paper's two
     # alternating communication groups; on NCCL/HCCL each group has its own stream).
     pp_up: Group | None = None
+    # The ranks of this model instance (every axis above lives inside it), with a process group over
+    # them: the start-up exchange and barriers run on it. None: torch.distributed's whole world. A
+    # world split into a prefill and a decode instance (:mod:`vpp.parallel.instances`) sets it.
+    instance: Group | None = None
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """Global ranks of this instance (``range(world_size)`` when it is the whole world)."""
+        return self.instance.ranks if self.instance is not None else tuple(range(self.sizes.world_size))
+
+    @property
+    def instance_pg(self) -> dist.ProcessGroup | None:
+        """The process group of this instance for collectives (None: the default group, the world)."""
+        return self.instance.pg if self.instance is not None else None
 
     def pp_channel(self, src: int, dst: int) -> Group:
         """The group that carries a pipeline transfer from pipeline rank ``src`` to ``dst``."""
@@ -91,9 +105,16 @@ def build_groups(
     global_rank: int,
     accelerator: Accelerator,
     device: torch.device,
-) -> ParallelGroups:
-    """Create the process groups of every axis (a collective call: every rank must call it)."""
-    all_groups = rank_groups(sizes)
+    *,
+    first_rank: int = 0,
+    instance: bool = False,
+) -> ParallelGroups | None:
+    """Create the process groups of every axis (a collective call: every rank of the world must call
+    it). The grid's ranks are global ranks ``first_rank ..  first_rank + sizes.world_size - 1``;
+    ``instance``: also a process group over all of them (``ParallelGroups.instance``), for a grid that
+    is one part of a larger world. Returns None on a rank outside the grid."""
+    shift = lambda members: tuple(first_rank + r for r in members)  # noqa: E731
+    all_groups = {axis: [shift(m) for m in members] for axis, members in rank_groups(sizes).items()}
     mine: dict[str, Group] = {}
     for axis in AXES:
         for members in all_groups[axis]:
@@ -105,6 +126,13 @@ def build_groups(
         pg = dist.new_group(list(members)) if len(members) > 1 else None
         if global_rank in members:
             mine["pp_up"] = Group(members, members.index(global_rank), pg)
+    if instance:
+        members = shift(range(sizes.world_size))
+        pg = dist.new_group(list(members)) if len(members) > 1 else None
+        if global_rank in members:
+            mine["instance"] = Group(members, members.index(global_rank), pg)
+    if "tp" not in mine:
+        return None
     return ParallelGroups(sizes, global_rank, accelerator=accelerator, device=device, **mine)
 
 

@@ -18,7 +18,10 @@ long request keeps timing, and syncing, on every step; a stream of prompts stops
 ``"every-step"`` every DCPP step (the model before issue 23). The synced steps are known by chunk shape
 ``(tokens, prefix)``: in a stream of equal prompts a later step of a timed shape is charged too (an
 overestimate there). ``cp`` > 1 spreads
-every stage over that many ring-attention ranks (:class:`.cp.ContextParallelCost`).
+every stage over that many ring-attention ranks (:class:`.cp.ContextParallelCost`). ``shared_budget``
+makes a stream of prompts share one token budget per step (:mod:`vpp.plan.shared_budget`); DCPP then
+plans each step under vLLM-Ascend's shared time budget and, with ``dcpp_online``, observes each step's
+time (its pieces back to back on the profiled stages), syncing once per timed step.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 
 import vpp.plan as sch
 from vpp.plan.dcpp import DcppPlanner, plan_online, profiled_stages, stage_measure
+from vpp.plan.shared_budget import shared_budget_requests
 
 from .arch import Arch
 from .cp import ContextParallelCost
@@ -52,6 +56,8 @@ class Setup:
     dcpp_online: bool = True     # vLLM-Ascend's need_timing (default on): online re-fit and a device sync per step
     dcpp_sync: str = "calibration"   # which DCPP steps sync: SYNC_MODES (see the module docstring)
     cp: int = 1                  # context-parallel ranks per stage (each a TP group of par.tp devices)
+    shared_budget: bool = False  # streams: one token budget per step shared by the requests (vpp.plan.shared_budget)
+    packing_estimate: str = "cost"  # VPP + packing's window estimates: "cost" (this deployment) or "eq2" (Algorithm 2's law)
 
     @property
     def devices(self) -> int:
@@ -65,6 +71,8 @@ class Setup:
         synchronises the device before every step (see the module docstring)."""
         sync = bool(strategy) and self.dcpp_online and sch.strategies.get(strategy).chunking == "dcpp" \
             and self.dcpp_variant != "sglang"
+        if self.packing_estimate not in ("cost", "eq2"):
+            raise ValueError(f"packing_estimate={self.packing_estimate!r}; expected 'cost' or 'eq2'")
         if self.dcpp_sync not in SYNC_MODES:
             raise ValueError(f"dcpp_sync={self.dcpp_sync!r}; expected one of {SYNC_MODES}")
         only = set() if sync and self.dcpp_sync == "calibration" else None
@@ -113,6 +121,8 @@ def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None
     planner = DcppPlanner(setup.dcpp_variant, budget=chunk, online=setup.dcpp_online)
     planner.profile(stage_measure(cost, stages))
     arrivals = [0.0] * len(lengths) if arrivals is None else list(arrivals)
+    if setup.shared_budget:
+        return _shared_dcpp(setup, lengths, chunk, cost, stages, planner, arrivals)
     if not setup.dcpp_online:
         return [sch.Request(i, tuple(planner.chunk_sizes(n)), a) for i, (n, a) in enumerate(zip(lengths, arrivals))]
 
@@ -123,6 +133,21 @@ def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None
 
     sizes = plan_online(planner, lengths, step)
     return [sch.Request(i, tuple(c), a) for i, (c, a) in enumerate(zip(sizes, arrivals))]
+
+
+def _shared_dcpp(setup: Setup, lengths, chunk: int, cost, stages, planner: DcppPlanner, arrivals) -> list:
+    """DCPP under one shared token budget (:mod:`vpp.plan.shared_budget`, vLLM-Ascend #9900's shared
+    time budget): with ``dcpp_online`` the planner times each step (its pieces run back to back) and
+    re-fits from it; the device syncs once per timed step, before its first piece."""
+    def step(shapes) -> None:
+        if not (setup.dcpp_online and planner.timing):
+            return
+        if cost.sync_only is not None:
+            cost.sync_only.add(shapes[0])
+        planner.observe_step(shapes, sum(cost.compute(s, c, h) for c, h in shapes for s in stages))
+
+    return shared_budget_requests(lengths, chunk, planner=planner, arrivals=arrivals,
+                                  on_step=step if setup.dcpp_online else None)
 
 
 def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = None, folds: int = 1,

@@ -23,15 +23,20 @@ holds a request's first chunk until it arrives, so later arrivals cost time, nev
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .dcpp import DcppPlanner
 from .ir import Request
 
+OnStep = Callable[[list[tuple[int, int]]], None]
+
 
 def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
-                        concurrency: int | None = None) -> list[list[tuple[int, int]]]:
-    """The steps of a stream: each a list of (request index, tokens) summing to at most ``budget``;
+                        on_step: OnStep | None = None, concurrency: int | None = None
+                        ) -> list[list[tuple[int, int]]]:
+    """The steps of a stream: each a list of (request index, tokens) summing to at most ``budget``.
+    ``on_step``, if given, is called after each step is formed with its (tokens, prefix) per piece, before
+    the next step is planned (an engine's online calibration: ``planner.observe_step`` on its time).
     ``concurrency``: see the module docstring."""
     lengths = [int(n) for n in lengths]
     if budget < 1:
@@ -44,7 +49,7 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
     ends: dict[int, int] = {}                  # request index -> the step where it ends
     steps, head = [], 0
     while head < len(lengths):
-        left, step = budget, []
+        left, step, shapes = budget, [], []
         time_left = planner.target if planner is not None else None
         q = head
         while left > 0 and q < len(lengths):
@@ -60,6 +65,7 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
                                           time_budget_ms=time_left if step else None)
             n = min(want, left, rest)
             step.append((q, n))
+            shapes.append((n, done[q]))
             if planner is not None and time_left is not None:
                 time_left -= planner.time(n, done[q]) * 1000.0
             done[q] += n
@@ -70,6 +76,8 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
                 break                      # cut by the budget (or the planner): the step is full
             q += 1
         steps.append(step)
+        if on_step is not None:
+            on_step(shapes)
         while head < len(lengths) and done[head] == lengths[head]:
             head += 1
     return steps
@@ -77,29 +85,24 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
 
 def shared_budget_requests(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
                            arrivals: Iterable[float] | None = None, first_id: int = 0,
-                           concurrency: int | None = None) -> list[Request]:
-    """Requests whose chunks are their pieces of :func:`shared_budget_steps`."""
-    lengths = list(lengths)
-    arrivals = [0.0] * len(lengths) if arrivals is None else list(arrivals)
-    sizes: list[list[int]] = [[] for _ in lengths]
-    for step in shared_budget_steps(lengths, budget, planner=planner, concurrency=concurrency):
-        for q, n in step:
-            sizes[q].append(n)
-    return [Request(first_id + i, tuple(s), a) for i, (s, a) in enumerate(zip(sizes, arrivals))]
+                           on_step: OnStep | None = None, concurrency: int | None = None) -> list[Request]:
+    """Requests whose chunks are their pieces of :func:`shared_budget_steps` (``on_step``: see there)."""
+    return shared_budget_stream(lengths, budget, planner=planner, arrivals=arrivals, first_id=first_id,
+                                on_step=on_step, concurrency=concurrency)[0]
 
 
 def shared_budget_stream(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
                          arrivals: Iterable[float] | None = None, first_id: int = 0,
-                         concurrency: int | None = None) -> tuple[list[Request], list[list[tuple[int, int]]]]:
+                         on_step: OnStep | None = None, concurrency: int | None = None
+                         ) -> tuple[list[Request], list[list[tuple[int, int]]]]:
     """The requests of :func:`shared_budget_requests` and the steps as lists of (request id, chunk),
-    for a builder's ``steps`` (:mod:`.builders`)."""
+    for a builder's ``steps`` (:mod:`.builders`); the steps are planned once (``on_step`` sees each)."""
     lengths = list(lengths)
-    requests = shared_budget_requests(lengths, budget, planner=planner, arrivals=arrivals, first_id=first_id,
-                                      concurrency=concurrency)
-    seen = [0] * len(lengths)
+    arrivals = [0.0] * len(lengths) if arrivals is None else list(arrivals)
+    sizes: list[list[int]] = [[] for _ in lengths]
     steps = []
-    for step in shared_budget_steps(lengths, budget, planner=planner, concurrency=concurrency):
-        steps.append([(first_id + q, seen[q]) for q, _ in step])
-        for q, _ in step:
-            seen[q] += 1
-    return requests, steps
+    for step in shared_budget_steps(lengths, budget, planner=planner, on_step=on_step, concurrency=concurrency):
+        steps.append([(first_id + q, len(sizes[q])) for q, _ in step])
+        for q, n in step:
+            sizes[q].append(n)
+    return [Request(first_id + i, tuple(s), a) for i, (s, a) in enumerate(zip(sizes, arrivals))], steps

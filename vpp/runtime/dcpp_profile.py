@@ -57,9 +57,9 @@ def profile_planner(stages: Sequence[torch.nn.Module], groups: ParallelGroups, b
     if groups.pp.rank == profiled_rank(variant, groups.pp.size):
         timers = [stage_timer(s, groups) for s in stages]
         planner.profile(lambda n: sum(t(n) for t in timers))
-    if dist.is_initialized() and groups.sizes.world_size > 1:
-        box: list = [None] * groups.sizes.world_size
-        dist.all_gather_object(box, planner if planner.ready else None)
+    if dist.is_initialized() and len(groups.members) > 1:
+        box: list = [None] * len(groups.members)  # this instance's ranks (the whole world without disaggregation)
+        dist.all_gather_object(box, planner if planner.ready else None, group=groups.instance_pg)
         planner = next((p for p in box if p is not None), planner)
     if not planner.ready:
         raise RuntimeError(f"no rank profiled the DCPP planner (mode {variant!r} profiles pipeline rank "

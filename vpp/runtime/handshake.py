@@ -86,7 +86,8 @@ def exchange(
     problem: str | None = None,
     timeout_s: float = 300.0,
 ) -> list[RankInfo]:
-    """Share every rank's :class:`RankInfo`; returns them indexed by global rank. ``problem``: an input
+    """Share every rank's :class:`RankInfo` over this instance's ranks (the world unless the groups
+    say otherwise, ``groups.members``); returns them in the members' order. ``problem``: an input
     problem this rank found before (raised on every rank after the exchange). A rank that does not
     reach the exchange within ``timeout_s`` is named in an ExecutionError on the others."""
     infos = tuple(describe_stage(s) for s in stages)
@@ -102,15 +103,19 @@ def exchange(
                     plan_digest(plan) if plan is not None else None, os.urandom(8).hex())
     if not dist.is_initialized() or groups.sizes.world_size == 1:
         return [mine]
-    rendezvous("the start-up exchange", groups.global_rank, dist.get_world_size(), timeout_s=timeout_s)
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, mine)
+    members = groups.members
+    rendezvous("the start-up exchange", groups.global_rank, members, timeout_s=timeout_s)
+    out: list[Any] = [None] * len(members)
+    dist.all_gather_object(out, mine, group=groups.instance_pg)
     return out
 
 
 def pipeline_of(infos: list[RankInfo], groups: ParallelGroups) -> list[RankInfo]:
     """The descriptors of this rank's pipeline, indexed by pipeline rank."""
-    return [infos[g] if len(infos) > 1 else infos[0] for g in groups.pp.ranks]
+    if len(infos) == 1:
+        return [infos[0] for _ in groups.pp.ranks]
+    by_rank = {i.global_rank: i for i in infos}
+    return [by_rank[g] for g in groups.pp.ranks]
 
 
 def first_problem(infos: list[RankInfo]) -> str | None:

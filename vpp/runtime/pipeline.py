@@ -55,12 +55,14 @@ class PromptInfo:
 class Generation:
     """The outcome of :meth:`Pipeline.generate`, the same on every rank: ``tokens`` per request (new
     tokens only), ``ttft_s`` (hand-over of the prompts to the first tokens known on every rank) and
-    ``decode_s`` (the decode steps; per output token: ``decode_s / max(steps, 1)``)."""
+    ``decode_s`` (the decode steps; per output token: ``decode_s / max(steps, 1)``); ``handover_s``:
+    the KV hand-over to a decode instance, when there was one (:mod:`.disaggregated`)."""
 
     tokens: dict[Hashable, list[int]]
     ttft_s: float
     decode_s: float
     steps: int
+    handover_s: float = 0.0
 
     @property
     def time_per_output_token_s(self) -> float:
@@ -134,9 +136,8 @@ class Pipeline:
         by_id = dict(zip(ids, prompts)) if prompts is not None else {}
         if (return_trace or arrivals is not None) and dist.is_initialized() and self.groups.sizes.world_size > 1:
             # traces and arrival times share an origin: start every rank together
-            rendezvous("the start barrier", self.groups.global_rank, self.groups.sizes.world_size,
-                       timeout_s=self.timeout_s)
-            dist.barrier()
+            rendezvous("the start barrier", self.groups.global_rank, self.groups.members, timeout_s=self.timeout_s)
+            dist.barrier(group=self.groups.instance_pg)
         self.groups.accelerator.synchronize(self.groups.device)  # the clock starts on an idle device
         start = time.perf_counter()
         result = executor.run(by_id)
@@ -187,10 +188,9 @@ class Pipeline:
         mine = PromptInfo(lengths, problem, os.urandom(8).hex())
         if not dist.is_initialized() or self.groups.sizes.world_size == 1:
             return [mine]
-        rendezvous("the prompts' exchange", self.groups.global_rank, self.groups.sizes.world_size,
-                   timeout_s=self.timeout_s)
+        rendezvous("the prompts' exchange", self.groups.global_rank, self.groups.members, timeout_s=self.timeout_s)
         out: list[Any] = [None] * self.groups.sizes.world_size
-        dist.all_gather_object(out, mine)
+        dist.all_gather_object(out, mine, group=self.groups.instance_pg)
         return out
 
     # --- decode ----------------------------------------------------------------------------------
@@ -221,7 +221,9 @@ class Pipeline:
         return out
 
     def import_cache(self, request: Hashable, tensors: dict[str, torch.Tensor]) -> None:
-        """Install a request's caches exported by a pipeline of the same layout and TP rank."""
+        """Install a request's caches exported by a pipeline of the same layout and TP rank (for another
+        layout: :func:`vpp.runtime.handover.hand_over`, or :mod:`vpp.runtime.kv_files` through a
+        directory)."""
         for stage in self.stages:
             start, end = stage.layer_range
             mine = {k: v for k, v in tensors.items() if start <= int(k.split(".")[2]) < end}
@@ -250,22 +252,31 @@ class Pipeline:
         generated = {q: [int(t)] for q, t in zip(ids, tokens)}
         if on_tokens is not None:
             on_tokens(generated)
-        live = [q for q, t in zip(ids, tokens) if int(t) != eos_token_id]
+        steps, decode_s = self.continue_generation(generated, max_new_tokens, sampler, eos_token_id=eos_token_id,
+                                                   on_tokens=on_tokens)
+        if release:
+            for q in ids:
+                self.release(q)
+        return Generation(generated, ttft, decode_s, steps)
+
+    def continue_generation(self, generated: dict[Hashable, list[int]], max_new_tokens: int, sampler: Sampler, *,
+                            eos_token_id: int | None = None, on_tokens=None) -> tuple[int, float]:
+        """Decode the requests of ``generated`` (request id -> the tokens generated so far, the last one
+        not yet in the caches) until each has ``max_new_tokens`` tokens or ends with ``eos_token_id``,
+        all live requests in one batch per step; appends to ``generated`` in place. Returns the decode
+        steps run and their seconds."""
+        live = [q for q, t in generated.items() if t[-1] != eos_token_id and len(t) < max_new_tokens]
         steps, decode_start = 0, time.perf_counter()
-        while live and steps < max_new_tokens - 1:
+        while live:
             batch = torch.tensor([generated[q][-1] for q in live], dtype=torch.long)
             tokens = sampler.sample(self.decode(batch, live))
             steps += 1
             for q, t in zip(live, tokens):
                 generated[q].append(int(t))
-            live = [q for q in live if generated[q][-1] != eos_token_id]
+            live = [q for q in live if generated[q][-1] != eos_token_id and len(generated[q]) < max_new_tokens]
             if on_tokens is not None:
                 on_tokens(generated)
-        decode_s = time.perf_counter() - decode_start
-        if release:
-            for q in ids:
-                self.release(q)
-        return Generation(generated, ttft, decode_s, steps)
+        return steps, time.perf_counter() - decode_start
 
     def _check_room(self, plan: Plan, max_new_tokens: int) -> None:
         limit = self.first.max_positions

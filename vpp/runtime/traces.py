@@ -14,10 +14,10 @@ from .watchdog import rendezvous
 
 def gather_trace(result: ExecutionResult, groups: ParallelGroups, plan: Plan, *, timeout_s: float = 300.0) -> Trace:
     """The whole pipeline's trace, on every rank of it (an ``all_gather_object`` over the pp group,
-    after a bounded :func:`~.watchdog.rendezvous` of the world)."""
+    after a bounded :func:`~.watchdog.rendezvous` of the instance)."""
     spans = list(result.spans)
     if groups.pp.size > 1:
-        rendezvous("gathering the trace", groups.global_rank, groups.sizes.world_size, timeout_s=timeout_s)
+        rendezvous("gathering the trace", groups.global_rank, groups.members, timeout_s=timeout_s)
         everyone: list = [None] * groups.pp.size
         dist.all_gather_object(everyone, spans, group=groups.pp.pg)
         spans = [s for part in everyone for s in part]

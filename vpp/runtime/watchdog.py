@@ -290,23 +290,26 @@ class WorkWatch:
                                      global_rank=self.dog._global(peer))
 
 
-_ROUND = itertools.count()  # rendezvous calls on this process: every rank makes the same sequence of them
+_ROUNDS: dict[tuple[int, ...], itertools.count] = {}  # per set of members: they all make the same sequence of calls
 
 
-def rendezvous(what: str, me: int, world: int, *, timeout_s: float, poll_s: float = 0.01) -> None:
-    """Wait until all ``world`` global ranks reached the same (``what``, call number) point, for at
-    most ``timeout_s``; then raise :class:`ExecutionError` naming the global ranks that did not come
-    (``global_rank`` = the first of them). A no-op without a process group or its store."""
+def rendezvous(what: str, me: int, world, *, timeout_s: float, poll_s: float = 0.01) -> None:
+    """Wait until all ``world`` global ranks (a count: ranks ``0 .. world - 1``; or the members' global
+    ranks, e.g. one instance of a disaggregated world) reached the same (``what``, call number) point,
+    for at most ``timeout_s``; then raise :class:`ExecutionError` naming the global ranks that did not
+    come (``global_rank`` = the first of them). A no-op without a process group or its store."""
+    members = tuple(range(world)) if isinstance(world, int) else tuple(world)
+    n = next(_ROUNDS.setdefault(members, itertools.count()))
     store = default_store()
-    n = next(_ROUND)
-    if store is None or world <= 1:
+    if store is None or len(members) <= 1:
         return
-    keys = [f"vpp/meet/{n}/{r}" for r in range(world)]
+    scope = "" if members == tuple(range(len(members))) else f"{members[0]}+{len(members)}/"
+    keys = {r: f"vpp/meet/{scope}{n}/{r}" for r in members}
     store.set(keys[me], what)
     deadline = time.monotonic() + timeout_s
-    while not store.check(keys):
+    while not store.check(list(keys.values())):
         if time.monotonic() > deadline:
-            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            missing = [r for r, k in keys.items() if not store.check([k])]
             if not missing:
                 return
             raise ExecutionError(f"global rank {me} waited {timeout_s:g}s at {what} for global rank(s) {missing}, "

@@ -227,11 +227,28 @@ class MoE(nn.Module):
 
     def _forward_allreduce(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
+        if x.shape[0] == 1 and self.experts.backend(x.device) == "loop":
+            return self._one_token(x, weights, ids)
         if self.experts.backend(x.device) == "loop":
             tokens, y = self._local_pairs_loop(x, weights, ids)
         else:
             tokens, y = self._local_pairs_grouped(x, weights, ids)
         out = torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
+        if self.shared_experts is not None:
+            out += self.shared_experts(x)
+        return reduce_from_tp(out, self.groups.tp)
+
+    def _one_token(self, x, weights, ids):
+        """One token (a decode step of one request) on the loop backend: its top-k experts straight
+        from the router's ids (one host read), summed in expert order as the general path's
+        ``index_add_`` sums them; no sorting, counting or gathering."""
+        out = torch.zeros_like(x)
+        experts = self.experts
+        for w, e in sorted(zip(weights[0].tolist(), ids[0].tolist()), key=lambda p: p[1]):
+            e -= self.first_expert
+            if 0 <= e < self.num_local:
+                gate, up = F.linear(x, experts.gate_up_proj[e]).chunk(2, dim=-1)
+                out += F.linear(experts.act(gate).mul_(up), experts.down_proj[e]).mul_(w).to(x.dtype)
         if self.shared_experts is not None:
             out += self.shared_experts(x)
         return reduce_from_tp(out, self.groups.tp)

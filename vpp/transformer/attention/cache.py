@@ -75,11 +75,16 @@ class RequestCache:
     """The named, equally long buffers of every request in flight on one attention module.
 
     ``layouts`` maps a part name to the dim it grows along (the token dim), e.g.
-    ``{"k": 1, "v": 1}`` for [heads, tokens, head_dim] tensors.
+    ``{"k": 1, "v": 1}`` for [heads, tokens, head_dim] tensors. ``slices`` says, for the parts that
+    hold a slice of the full (unsharded) tensor, ``(dim, start, end, full)``: this rank holds entries
+    ``[start, end)`` of ``full`` along ``dim`` (GQA: its KV heads); parts not listed are whole
+    (replicated over TP). A KV hand-over between layouts reads it.
     """
 
-    def __init__(self, owner: str, layouts: dict[str, int]):
+    def __init__(self, owner: str, layouts: dict[str, int],
+                 slices: dict[str, tuple[int, int, int, int]] | None = None):
         self.owner, self.layouts = owner, dict(layouts)
+        self.slices = dict(slices or {})
         self._entries: dict[Hashable, dict[str, GrowingBuffer]] = {}
 
     def length(self, request: Hashable) -> int:

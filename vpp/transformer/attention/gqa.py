@@ -65,7 +65,9 @@ class GQAttention(nn.Module):
         self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, group, bias=bias, **kw)
         self.q_norm = RMSNorm(head_dim, eps, **kw) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps, **kw) if qk_norm else None
-        self.cache = RequestCache("GQAttention", {"k": 1, "v": 1})
+        heads = kv_head_shard(num_kv_heads, group).local_range(num_kv_heads)
+        self.cache = RequestCache("GQAttention", {"k": 1, "v": 1},
+                                  slices={"k": (0, *heads, num_kv_heads), "v": (0, *heads, num_kv_heads)})
 
     def forward(self, x: torch.Tensor, chunk: Chunk | Batch) -> torch.Tensor:
         c, d = x.shape[0], self.head_dim

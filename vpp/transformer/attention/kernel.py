@@ -18,7 +18,8 @@ Kernels, per device kind:
 
 * CPU: ``causal_attention`` with Lq < Lk is the prefix (no mask) merged with the square diagonal
   (``is_causal``): no [Lq, Lk] mask is built, so its memory does not grow with the prefix; pieces come
-  from ``aten._scaled_dot_product_flash_attention_for_cpu`` (it returns the log-sum-exp).
+  from ``aten._scaled_dot_product_flash_attention_for_cpu`` (it returns the log-sum-exp). One query
+  (a decode step) sees every key: one piece, no merge.
 * CUDA: PyTorch SDPA with the lazy bottom-right causal bias (no mask materialised); pieces from
   ``aten._scaled_dot_product_flash_attention`` (fp16/bf16) or ``_efficient_attention`` (fp32). The
   bias reaches a fused kernel only where one takes it: flash (16 bits, head width <= 256, grouped
@@ -161,6 +162,8 @@ def _cpu_split(q, k, v, scale):
     lq, lk = q.shape[1], k.shape[1]
     if lq == lk:
         return _sdpa(q, k, v, scale)
+    if lq == 1:  # a decode step: the last position sees every key, one piece without a mask
+        return attention_lse(q, k, v, scale)[0]
     prefix = lk - lq
     whole = attention_lse(q, k[:, :prefix], v[:, :prefix], scale)
     diag = attention_lse(q, k[:, prefix:], v[:, prefix:], scale, causal=True)

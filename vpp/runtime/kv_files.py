@@ -1,0 +1,150 @@
+"""A request's caches in a directory, written by one job and read by another of any layout.
+
+Layout of ``DIR`` (format ``vpp-kv/1``)::
+
+    DIR/manifest.json              written last, by the writer instance's first rank
+    DIR/rank-00000.safetensors     one file per writing rank (global rank in the name)
+
+``manifest.json`` holds ``format``, ``request`` (its id, as given), ``tokens`` (cached tokens, rows
+``0 .. tokens - 1`` = positions), ``writer`` (the writing job's layout: ``tp``, ``pp`` and, per
+pipeline rank, the layer ranges of its stages), ``extra`` (what the caller adds: the prompt, the
+tokens generated so far, a sampler's state; JSON) and ``tensors``: one entry per stored slice with
+``file``, ``key`` (its name in that file), ``name`` (as ``Stage.export_cache`` names tensors:
+``model.layers.{i}.self_attn.{k|v|latent|index_k}``), ``dim``, ``start``, ``end``, ``full`` (the
+slice ``[start, end)`` of ``full`` entries of dim ``dim``; ``dim`` null: the whole tensor), ``shape``
+and ``dtype``. Together the slices tile every full tensor once: a replicated tensor (MLA's latent,
+DSA's indexer keys, a GQA head that several TP ranks hold) is written by one rank only
+(:func:`vpp.plan.kv_handover.plan_transfers` to one destination that needs everything).
+
+A reader plans from the stored slices to the slices its own stages hold and reads only those (a
+safetensors slice read), so any TP x PP layout can continue the request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Hashable
+
+import torch
+import torch.distributed as dist
+
+from vpp.plan.kv_handover import Holding, Piece, plan_transfers
+
+from .handover import install_caches, local_caches, pieces_of
+from .watchdog import rendezvous
+
+FORMAT = "vpp-kv/1"
+
+
+def _full(p: Piece) -> Piece:
+    return p if p.dim is None else Piece(p.name, p.dim, 0, p.full, p.full)
+
+
+@torch.inference_mode()
+def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = None) -> dict:
+    """Write ``request``'s caches held by this instance to ``directory`` (a collective over the
+    instance: every rank of ``pipe.groups`` calls it). Returns the manifest (on every rank)."""
+    groups = pipe.groups
+    members, me = groups.members, groups.global_rank
+    local = local_caches(pipe, request)
+    if not local:
+        raise ValueError(f"global rank {me}: request {request!r} has no caches here to save")
+    mine = (me, pieces_of(pipe.stages), {n: (list(t.shape), str(t.dtype).replace("torch.", "")) for n, t in local.items()},
+            [list(st.layer_range) for st in pipe.stages], groups.pp.rank)
+    infos: list[Any] = [mine]
+    if dist.is_initialized() and len(members) > 1:
+        rendezvous("saving the KV caches", me, members, timeout_s=pipe.timeout_s)
+        infos = [None] * len(members)
+        dist.all_gather_object(infos, mine, group=groups.instance_pg)
+    everything = {p.name: _full(p) for _, pieces, *_ in infos for p in pieces}
+    plan = plan_transfers([Holding(r, pieces) for r, pieces, *_ in infos],
+                          [Holding(-1, tuple(everything[n] for n in sorted(everything)))])
+    os.makedirs(directory, exist_ok=True)
+    shapes = {n: s for _, _, sh, *_ in infos for n, s in sh.items()}
+    entries, mine_out = [], {}
+    for t in plan:
+        key = t.name if t.dim is None else f"{t.name}[{t.start}:{t.end}]"
+        shape = list(shapes[t.name][0])
+        if t.dim is not None:
+            shape[t.dim] = t.length
+        entries.append(dict(file=f"rank-{t.src:05d}.safetensors", key=key, name=t.name, dim=t.dim, start=t.start,
+                            end=t.end if t.dim is not None else 1, full=everything[t.name].full, shape=shape,
+                            dtype=shapes[t.name][1]))
+        if t.src == me:
+            x = local[t.name] if t.dim is None else local[t.name].narrow(t.dim, t.src_offset, t.length)
+            mine_out[key] = x.contiguous().cpu()
+    if mine_out:
+        from safetensors.torch import save_file
+        save_file(mine_out, os.path.join(directory, f"rank-{me:05d}.safetensors"))
+    stages_by_pp: dict[int, list] = {}
+    for _, _, _, ranges, pp_rank in infos:
+        stages_by_pp.setdefault(pp_rank, ranges)
+    manifest = dict(format=FORMAT, request=request if isinstance(request, (int, str)) else repr(request),
+                    tokens=pipe.stages[0].cache_length(request),
+                    writer=dict(tp=groups.tp.size, pp=groups.pp.size,
+                                stages=[stages_by_pp[r] for r in sorted(stages_by_pp)]),
+                    extra=extra or {}, tensors=entries)
+    if dist.is_initialized() and len(members) > 1:  # every file is complete before the manifest exists
+        rendezvous("the KV files written", me, members, timeout_s=pipe.timeout_s)
+        dist.barrier(group=groups.instance_pg)
+    if me == members[0]:
+        tmp = os.path.join(directory, "manifest.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(manifest, f)
+        os.replace(tmp, os.path.join(directory, "manifest.json"))
+    return manifest
+
+
+def read_manifest(directory: str) -> dict:
+    path = os.path.join(directory, "manifest.json")
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable KV directory manifest ({exc})") from None
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    return manifest
+
+
+@torch.inference_mode()
+def load_cache(pipe, request: Hashable, directory: str, *, reserve: int = 0) -> dict:
+    """Install the caches saved in ``directory`` as ``request``'s on this rank's stages, reading only
+    the slices they hold (no communication: each rank reads its own). ``reserve``: tokens the request
+    will still append. Returns the manifest."""
+    from safetensors import safe_open
+
+    manifest = read_manifest(directory)
+    entries = manifest["tensors"]
+    sources = [Holding(i, (Piece.whole(e["name"]) if e["dim"] is None else
+                           Piece(e["name"], e["dim"], e["start"], e["end"], e["full"]),)) for i, e in enumerate(entries)]
+    needs = pieces_of(pipe.stages)
+    plan = plan_transfers(sources, [Holding(0, needs)])
+    device = pipe.groups.device
+    tensors = {}
+    for p in needs:
+        shape = list(next(e["shape"] for e in entries if e["name"] == p.name))
+        if p.dim is not None:
+            shape[p.dim] = p.end - p.start
+        dtype = getattr(torch, next(e["dtype"] for e in entries if e["name"] == p.name))
+        tensors[p.name] = torch.empty(shape, dtype=dtype, device=device)
+    opened: dict[str, Any] = {}
+    try:
+        for t in plan:
+            e = entries[t.src]
+            if e["file"] not in opened:
+                opened[e["file"]] = safe_open(os.path.join(directory, e["file"]), framework="pt")
+            part = opened[e["file"]].get_slice(e["key"])
+            if t.dim is None:
+                x = part[:]
+            else:
+                index = [slice(None)] * len(e["shape"])
+                index[t.dim] = slice(t.src_offset, t.src_offset + t.length)
+                x = part[tuple(index)]
+            dst = tensors[t.name] if t.dim is None else tensors[t.name].narrow(t.dim, t.dst_offset, t.length)
+            dst.copy_(x)
+    finally:
+        opened.clear()
+    install_caches(pipe, request, tensors, int(manifest["tokens"]) + reserve)
+    return manifest
