@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 from vpp.plan import strategies
 from vpp.plan.cost import LinearCost, seconds_per_token
 from vpp.plan.dcpp import DcppPlanner, profiled_stages, stage_measure
-from vpp.plan.shared_budget import shared_budget_requests
+from vpp.plan.shared_budget import shared_budget_stream
 from vpp.plan.ir import Plan
 from vpp.plan.layout import Layout, make_layout
 from vpp.plan.packing import packed_chunks
@@ -115,14 +115,15 @@ def build(setup: StreamSetup, workload: Workload, strategy: str) -> tuple[Plan, 
     if spec.chunking == "dcpp":
         planner = DcppPlanner(setup.dcpp_variant, budget=setup.chunk_size, min_chunk=setup.dcpp_min_chunk)
         planner.profile(stage_measure(cost, profiled_stages(layout, setup.dcpp_variant)))
+    steps = None
     if setup.shared_budget:
-        requests = shared_budget_requests(workload.lengths, setup.chunk_size, planner=planner,
-                                          arrivals=workload.arrivals)
+        requests, steps = shared_budget_stream(workload.lengths, setup.chunk_size, planner=planner,
+                                               arrivals=workload.arrivals, concurrency=workload.concurrency)
     elif planner is not None:
         requests = workload.requests(planner=planner)
     else:
         requests = workload.requests(setup.chunk_size)
-    return spec.plan(layout, requests, concurrency=workload.concurrency, cost=cost), cost
+    return spec.plan(layout, requests, concurrency=workload.concurrency, cost=cost, steps=steps), cost
 
 
 def run_strategy(setup: StreamSetup, workload: Workload, strategy: str, *, check: bool = True) -> SimulatedStream:

@@ -26,7 +26,7 @@ from vpp.bench.prefill_rounds import gather_all, measure_transfer, replay, say
 from vpp.plan import make_layout, strategies, stream_stats, workloads
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import profile_planner
-from vpp.plan.shared_budget import shared_budget_requests
+from vpp.plan.shared_budget import shared_budget_stream
 from vpp.runtime.gpipe import gpipe_prefill
 
 CONTENDERS = strategies.CONTENDERS
@@ -123,14 +123,16 @@ def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[Me
     return [rows[c] for c in cfg.contenders], facts
 
 
-def _chunking(cfg, name, planner, prompts):
-    """A contender's chunking: fixed, the DCPP planner's, or (``shared_budget``) explicit chunk lists
-    whose pieces fill one token budget per step across the requests."""
+def _chunking(cfg, name, planner, prompts, concurrency=None):
+    """A contender's chunking and steps: fixed, the DCPP planner's, or (``shared_budget``) explicit
+    chunk lists whose pieces fill one token budget per step across the requests, with those steps
+    (each moved as one message per hop, :mod:`vpp.plan.steps`)."""
     dcpp = planner if name == "dcpp" else None
     if cfg.shared_budget:
         lengths = [int(p.numel()) for p in prompts]
-        return [list(q.chunk_sizes) for q in shared_budget_requests(lengths, cfg.chunk_size, planner=dcpp)]
-    return dcpp.chunk_sizes if dcpp is not None else cfg.chunk_size
+        requests, steps = shared_budget_stream(lengths, cfg.chunk_size, planner=dcpp, concurrency=concurrency)
+        return [list(q.chunk_sizes) for q in requests], steps
+    return (dcpp.chunk_sizes if dcpp is not None else cfg.chunk_size), None
 
 
 def _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, *, warmup: bool) -> dict:
@@ -150,9 +152,9 @@ def _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, *, warmup:
             makespan = max(gather_all(groups, time.perf_counter() - start))
             stats, bubble = None, None
         else:
-            chunking = _chunking(cfg, name, planner, prompts)
+            chunking, steps = _chunking(cfg, name, planner, prompts, concurrency)
             res = forward_prefill(mine, prompts if holds_first else None, chunking, groups,
-                                  schedule=name, arrivals=arrivals,
+                                  schedule=name, arrivals=arrivals, steps=steps,
                                   concurrency=concurrency, return_trace=True, timeout_s=cfg.timeout_s)
             groups.accelerator.synchronize(groups.device)  # the makespan ends when the logits exist
             makespan = max(gather_all(groups, time.perf_counter() - start))

@@ -105,6 +105,12 @@ class DeploymentCost:
     def compute(self, stage: int, tokens: int, prefix: int) -> float:
         return sum(self.breakdown(stage, tokens, prefix).values())
 
+    def overhead(self, stage: int) -> float:
+        """What a stage call pays whatever its tokens: ``device.step_overhead``, and ``host_step`` when
+        every call synchronises (a step shared by requests pays it once, :func:`vpp.plan.cost.step_overhead`)."""
+        sync = self.sync_steps and self.device.host_step and self.sync_only is None
+        return float(self.device.step_overhead or 0.0) + (float(self.device.host_step) if sync else 0.0)
+
     def local_tokens(self, tokens: int) -> int:
         """Tokens of a chunk that one device of the stage holds (all of them; context parallelism
         shards them, :class:`vpp.perf.cp.ContextParallelCost`)."""

@@ -21,6 +21,10 @@ on any stage. How consecutive requests meet is ``request_order``:
 request i-K has finished (see :mod:`.ir`). Pipelined orders are list-scheduled with that dependency;
 sequential orders satisfy it for any K >= 1. Arrival times (``Request.arrival``) never change an
 order; the executor and the simulator hold a request's first compute until it arrives.
+
+``steps`` (default None: one request per step) lists steps shared by several requests, e.g. from
+:func:`.shared_budget.shared_budget_stream`; the builder then schedules the steps and expands them
+(:mod:`.steps`), whatever the request order.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .comms import insert_comms
 from .ir import COMM_MODES, Plan, Request
 from .layout import Layout
 from .order import Key, Task, admission_gates, auto_slack, list_schedule, slot_key
+from .steps import build_with_steps
 
 REQUEST_ORDERS = ("pipelined", "sequential")
 
@@ -62,20 +67,25 @@ def plan_from_orders(layout: Layout, requests: Sequence[Request], orders: Sequen
 def build_plan(layout: Layout, requests: Sequence[Request], *, key: Key | None = None,
                slack: int | None = None, min_slack: int = 0, group: int | None = None,
                comm: str = "blocking", name: str = "plan", request_order: str = "pipelined",
-               concurrency: int | None = None) -> Plan:
+               concurrency: int | None = None, steps=None, gates=None) -> Plan:
     """The generic builder: list-schedule the tasks by ``key`` (:func:`order.list_schedule`), then place
     the communication. The default key is :func:`order.slot_key` with ``slack`` (default: the smallest
     conflict-free slack >= ``min_slack``, :func:`order.auto_slack`) and ``group``. ``request_order`` and
     ``concurrency``: see the module docstring (a custom ``key`` is list-scheduled over all requests at
-    once, i.e. "pipelined")."""
+    once, i.e. "pipelined"); ``steps``: see the module docstring; ``gates``: extra (task -> task it waits
+    for) dependencies of the list schedule, added to the admission gates of ``concurrency``."""
     requests = _requests(requests)
+    if steps is not None:
+        return build_with_steps(build_plan, layout, requests, steps, concurrency=concurrency, key=key, slack=slack,
+                                min_slack=min_slack, group=group, comm=comm, name=name, request_order=request_order)
     if request_order not in REQUEST_ORDERS:
         raise ValueError(f"request_order={request_order!r}; expected one of {REQUEST_ORDERS}")
-    gates = admission_gates(layout, requests, concurrency)
+    gates = {**admission_gates(layout, requests, concurrency), **(gates or {})}
     if key is None:
         slack = auto_slack(layout, min_slack, group) if slack is None else slack
         if request_order == "sequential":
-            orders, starts = _sequential(layout, requests, lambda qs: slot_key(layout, qs, slack=slack, group=group))
+            orders, starts = _sequential(layout, requests, lambda qs: slot_key(layout, qs, slack=slack, group=group),
+                                         gates)
             return plan_from_orders(layout, requests, orders, comm=comm, name=name, starts=starts,
                                     concurrency=concurrency)
         key = slot_key(layout, requests, slack=slack, group=group)
@@ -83,14 +93,16 @@ def build_plan(layout: Layout, requests: Sequence[Request], *, key: Key | None =
     return plan_from_orders(layout, requests, orders, comm=comm, name=name, starts=starts, concurrency=concurrency)
 
 
-def _sequential(layout: Layout, requests: Sequence[Request], key_for) -> tuple[list[list[Task]], dict[Task, int]]:
-    """Each request list-scheduled alone; per-rank orders concatenated, nominal slots shifted so that a
-    request starts when the previous one has ended on every rank."""
+def _sequential(layout: Layout, requests: Sequence[Request], key_for, gates=None
+                ) -> tuple[list[list[Task]], dict[Task, int]]:
+    """Each request list-scheduled alone (with the ``gates`` within it); per-rank orders concatenated,
+    nominal slots shifted so that a request starts when the previous one has ended on every rank."""
     orders: list[list[Task]] = [[] for _ in range(layout.num_ranks)]
     starts: dict[Task, int] = {}
     offset = 0
     for q in requests:
-        own, own_starts = list_schedule(layout, [q], key_for([q]))
+        own, own_starts = list_schedule(layout, [q], key_for([q]),
+                                        gates={t: g for t, g in (gates or {}).items() if t.request == q.id == g.request})
         first = min(own_starts.values())
         for r, order in enumerate(own):
             orders[r].extend(order)
@@ -100,18 +112,18 @@ def _sequential(layout: Layout, requests: Sequence[Request], key_for) -> tuple[l
 
 
 def build_cpp(layout: Layout, requests: Sequence[Request], *, comm: str = "blocking", name: str = "cpp",
-              concurrency: int | None = None) -> Plan:
+              concurrency: int | None = None, steps=None) -> Plan:
     """CPP: every chunk goes through a loop layout (one stage per rank), chunks in order on every rank,
     requests pipelined back to back. Chunk sizes are taken from the requests as they are (fixed, ragged,
     or a DCPP planner's)."""
     if layout.kind != "loop":
         raise ValueError(f"build_cpp runs a loop layout (one stage per rank); got {layout.describe()} -- "
                          f"use build_vpp for folded or interleaved layouts")
-    return build_plan(layout, requests, comm=comm, name=name, concurrency=concurrency)
+    return build_plan(layout, requests, comm=comm, name=name, concurrency=concurrency, steps=steps)
 
 
 def build_vpp(layout: Layout, requests: Sequence[Request], *, comm: str = "blocking", name: str = "vpp",
-              request_order: str = "sequential", concurrency: int | None = None) -> Plan:
+              request_order: str = "sequential", concurrency: int | None = None, steps=None) -> Plan:
     """VPP, Algorithm 1 generalised to P ranks and f folds: each rank runs its stages in the order of
     the unit-time slot key with no slack, list-scheduled (:mod:`.order`). On a V with P = 2, while rank
     1 runs s1 and s2 of chunk k, rank 0 runs s3 of chunk k-1 and then s0 of chunk k+1; at every chunk
@@ -121,11 +133,11 @@ def build_vpp(layout: Layout, requests: Sequence[Request], *, comm: str = "block
     docstring).
     """
     return build_plan(layout, requests, slack=0, comm=comm, name=name, request_order=request_order,
-                      concurrency=concurrency)
+                      concurrency=concurrency, steps=steps)
 
 
 def build_vpp_async(layout: Layout, requests: Sequence[Request], *, name: str = "vpp-async",
-                    request_order: str = "sequential", concurrency: int | None = None) -> Plan:
+                    request_order: str = "sequential", concurrency: int | None = None, steps=None) -> Plan:
     """VPP-Async: the vanilla order with one slot of slack on every remote hop, and non-blocking comm.
 
     Reordering. In vanilla VPP on a V with P = 2, rank 0 finishes s0/C_k exactly when rank 1 finishes
@@ -154,4 +166,4 @@ def build_vpp_async(layout: Layout, requests: Sequence[Request], *, name: str = 
     each pays its drain; :func:`.packing.build_vpp_packed` fills it.
     """
     return build_plan(layout, requests, min_slack=1, comm="async", name=name, request_order=request_order,
-                      concurrency=concurrency)
+                      concurrency=concurrency, steps=steps)

@@ -3,6 +3,9 @@
 * ``compute(stage, tokens, prefix) -> seconds`` -- one stage on a chunk of ``tokens`` tokens that attends
   to ``prefix`` cached tokens;
 * ``transfer(tokens) -> seconds`` -- moving one chunk's activation between two ranks;
+* optionally ``overhead(stage) -> seconds`` -- the part of ``compute`` paid once per stage step whatever
+  its tokens (launches, per-step host work); a step shared by several requests pays it once, not once
+  per piece (:func:`step_overhead`; 0 for a model without the method);
 * ``overlap`` in [0, 1] -- how much of an async transfer can hide behind compute (the sender stalls for
   ``(1 - overlap)`` of it; blocking plans ignore it).
 
@@ -24,6 +27,12 @@ class Cost(Protocol):
     def compute(self, stage: int, tokens: int, prefix: int) -> float: ...
 
     def transfer(self, tokens: int) -> float: ...
+
+
+def step_overhead(cost, stage: int) -> float:
+    """``cost.overhead(stage)`` where the model states its per-step overhead, else 0."""
+    overhead = getattr(type(cost), "overhead", None)
+    return 0.0 if overhead is None else float(overhead(cost, stage))
 
 
 def seconds_per_token(hidden: int, *, bytes_per_value: int = 2, bandwidth: float = 3e9) -> float:
@@ -74,6 +83,9 @@ class LinearCost(_Comm):
     @classmethod
     def eq2(cls, t: float, chunk_size: int, **kw) -> "LinearCost":
         return cls(per_token=t / chunk_size, per_token_prefix=t / chunk_size ** 2, **kw)
+
+    def overhead(self, stage: int) -> float:
+        return self.weight(stage) * self.per_chunk
 
     def compute(self, stage: int, tokens: int, prefix: int) -> float:
         return self.weight(stage) * (self.per_chunk + self.per_token * tokens + self.per_token_prefix * tokens * prefix
@@ -141,6 +153,9 @@ class FlopCost(_Comm):
         h = self.hidden
         dense = 2 * tokens * (4 * h * h + 3 * h * self.ffn + self.experts * 3 * h * self.moe_ffn)
         return dense + 4 * h * tokens * (prefix + (tokens + 1) / 2)
+
+    def overhead(self, stage: int) -> float:
+        return self.compute(stage, 0, 0)
 
     def compute(self, stage: int, tokens: int, prefix: int) -> float:
         if stage >= len(self.layers_per_stage):

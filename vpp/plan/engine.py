@@ -12,6 +12,9 @@ Semantics (see :mod:`.ir`):
 * ``"serial"``   -- as async, but each rank's posted operations complete in posting order (one in-order
   queue per rank, as on a single communicator). Stricter; used by the verifier.
 
+Shared steps (``Plan.steps``): a step's transfer or hand-over is its lead's and makes the input of every
+piece of the step available at once; a transfer carries the step's tokens.
+
 Which send matches which receive is fixed by the plan, so whether a plan completes does not depend on
 durations: a run with zero durations decides deadlock for every timing.
 
@@ -91,12 +94,11 @@ class Engine:
         return ready
 
     def _transfers(self) -> dict:
-        sizes = {q.id: q.chunk_sizes for q in self.plan.requests}
         out, last_on = {}, {}
         for r, acts in enumerate(self.plan.actions):
             for a in acts:
                 if a.op == SEND:
-                    out[a.key] = Transfer(r, a.peer, sizes[a.request][a.chunk])
+                    out[a.key] = Transfer(r, a.peer, self.plan.step_tokens(a.request, a.chunk))
         for r, acts in enumerate(self.plan.actions):
             for a in acts:
                 if a.op not in (SEND, RECV) or a.key not in out:
@@ -161,8 +163,9 @@ class Engine:
                 if ready is None:
                     return False
                 if ready > now:
-                    src = self.transfers[(a.stage - 1, a.request, a.chunk)].src
-                    self._span(r, "recv", now, ready, Action(RECV, a.stage - 1, a.request, a.chunk, src), src)
+                    lead = (a.stage - 1, *self.plan.lead(a.request, a.chunk))
+                    src = self.transfers[lead].src
+                    self._span(r, "recv", now, ready, Action(RECV, *lead, src), src)
                     now = ready
             end = now + self.compute_time(a.stage, a.request, a.chunk)
             self._span(r, "compute", now, end, a)
@@ -170,7 +173,7 @@ class Engine:
             if a.key == self.last[a.request]:
                 self.finished_at[a.request] = end
         elif a.op == HANDOFF:
-            self.avail[r][a.key] = now
+            self._make_available(r, a, now)
         elif self.semantics == "blocking":
             t = self.transfers[a.key]
             if a.op == SEND and t.send_post is None:
@@ -182,7 +185,7 @@ class Engine:
                 return False
             self._span(r, "send" if a.op == SEND else "recv", now, end, a, a.peer)
             if a.op == RECV:
-                self.avail[r][a.key] = end
+                self._make_available(r, a, end)
             self.clock[r] = end
         elif a.op == SEND:
             t = self.transfers[a.key]
@@ -194,9 +197,14 @@ class Engine:
         else:  # async RECV: post now, the consumer waits for the end
             self.transfers[a.key].recv_post = now
             self._span(r, "recv", now, now, a, a.peer)
-            self.avail[r][a.key] = lambda k=a.key: self._resolve(k)
+            self._make_available(r, a, lambda k=a.key: self._resolve(k))
         self.ptr[r] += 1
         return True
+
+    def _make_available(self, r: int, a: Action, when) -> None:
+        """The input of every piece of the step led by ``a`` is there at ``when`` (a time or a callable)."""
+        for q, c in self.plan.step_pieces(a.request, a.chunk):
+            self.avail[r][(a.stage, q, c)] = when
 
     def _finish(self, r: int) -> bool:
         if self.finished[r]:

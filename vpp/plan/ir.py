@@ -41,6 +41,16 @@ a request (the moment the request enters the pipeline), and nothing else:
   V, any P = 1) builders list that finishing compute earlier on the same rank, so the gate holds by
   program order; on other layouts an executor needs a completion notice from the last stage's rank.
 
+Steps shared by requests (``Plan.steps``). A step may carry chunks of several requests, as vLLM's
+scheduler fills one token budget from several requests: ``Plan.steps`` lists such steps, each a tuple
+of (request, chunk) pieces; its first piece is the step's *lead*. On every stage the pieces of a step
+are computed back to back in the listed order (one COMPUTE per piece: each reads and extends its own
+request's KV cache), and the step moves to the next stage as ONE activation, named by the lead: the
+lead's SEND/RECV/HANDOFF carries the outputs of all pieces (concatenated in step order), and the other
+pieces have no SEND/RECV/HANDOFF of their own. A piece in no listed step is a step by itself, so a
+plan without ``steps`` (every plan of one request per step) reads, prints and runs as before. Printed
+in a plan's dict as ``"steps": [["r0.c3", "r1.c0"], ...]``, only when there are any.
+
 The order in which a plan interleaves requests is the builder's choice (see :mod:`.builders` and
 :mod:`.packing`); the IR only requires what is listed above.
 """
@@ -61,6 +71,7 @@ OPS = (COMPUTE, SEND, RECV, HANDOFF)
 OP_NAMES = {COMPUTE: "compute", SEND: "send", RECV: "recv", HANDOFF: "handoff"}
 COMM_MODES = ("blocking", "async")
 
+_PIECE = re.compile(r"^r(\d+)\.c(\d+)$")
 _PATTERN = re.compile(r"^([FSRL])(\d+)(?:([<>])(\d+))?\.r(\d+)\.c(\d+)$")
 
 
@@ -239,9 +250,11 @@ class Plan:
     actions: tuple[tuple[Action, ...], ...]
     comm: str = "blocking"
     concurrency: int | None = None
+    steps: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "requests", tuple(self.requests))
+        object.__setattr__(self, "steps", tuple(tuple((int(q), int(c)) for q, c in g) for g in self.steps))
         object.__setattr__(self, "actions", tuple(tuple(a) for a in self.actions))
         if self.comm not in COMM_MODES:
             raise ValueError(f"comm={self.comm!r}; expected one of {COMM_MODES}")
@@ -253,6 +266,41 @@ class Plan:
             raise ValueError(f"request ids {ids} are not unique")
         if self.concurrency is not None and (int(self.concurrency) != self.concurrency or self.concurrency < 1):
             raise ValueError(f"concurrency={self.concurrency} must be a whole number >= 1 (or None: unlimited)")
+        object.__setattr__(self, "_step_of", self._index_steps())
+
+    def _index_steps(self) -> dict:
+        chunks = {q.id: q.num_chunks for q in self.requests}
+        step_of: dict = {}
+        for i, g in enumerate(self.steps):
+            if len(g) < 2:
+                raise ValueError(f"step {i} {_pieces_text(g)} lists {len(g)} piece; a shared step holds >= 2 "
+                                 f"(a lone piece is a step by itself and is not listed)")
+            for q, c in g:
+                if q not in chunks or not 0 <= c < chunks[q]:
+                    raise ValueError(f"step {i} {_pieces_text(g)}: r{q}.c{c} is not a chunk of the plan "
+                                     f"(requests {chunks} with their chunk counts)")
+                if (q, c) in step_of:
+                    raise ValueError(f"r{q}.c{c} is in steps {step_of[(q, c)][0]} and {i}; a piece is in one step")
+                step_of[(q, c)] = (i, g)
+        return step_of
+
+    def step_pieces(self, request: int, chunk: int) -> tuple[tuple[int, int], ...]:
+        """The (request, chunk) pieces of the step whose lead is (request, chunk); just itself for a
+        piece that is a step by itself; () for a piece that is not a lead."""
+        i_g = self._step_of.get((request, chunk))
+        if i_g is None:
+            return ((request, chunk),)
+        return i_g[1] if i_g[1][0] == (request, chunk) else ()
+
+    def lead(self, request: int, chunk: int) -> tuple[int, int]:
+        """The lead piece of the step holding (request, chunk): the piece whose transfer carries it."""
+        i_g = self._step_of.get((request, chunk))
+        return (request, chunk) if i_g is None else i_g[1][0]
+
+    def step_tokens(self, request: int, chunk: int) -> int:
+        """Tokens of the step led by (request, chunk) (what its transfer carries)."""
+        sizes = {q.id: q.chunk_sizes for q in self.requests}
+        return sum(sizes[q][c] for q, c in self.step_pieces(request, chunk))
 
     def admission_gate(self, request_id: int) -> Request | None:
         """The request that must finish before ``request_id`` may enter (``concurrency`` places earlier
@@ -293,6 +341,8 @@ class Plan:
              "actions": [[str(a) for a in acts] for acts in self.actions]}
         if self.concurrency is not None:
             d["concurrency"] = self.concurrency
+        if self.steps:
+            d["steps"] = [[f"r{q}.c{c}" for q, c in g] for g in self.steps]
         return d
 
     @classmethod
@@ -300,7 +350,8 @@ class Plan:
         return cls(name=d["name"], comm=d["comm"], layout=Layout.from_dict(d["layout"]),
                    requests=tuple(Request.from_dict(r) for r in d["requests"]),
                    actions=tuple(tuple(Action.parse(a) for a in acts) for acts in d["actions"]),
-                   concurrency=d.get("concurrency"))
+                   concurrency=d.get("concurrency"),
+                   steps=tuple(tuple(_parse_piece(p) for p in g) for g in d.get("steps", ())))
 
     def to_json(self, **kw) -> str:
         return json.dumps(self.to_dict(), **kw)
@@ -313,6 +364,17 @@ class Plan:
 def replace_actions(plan: Plan, actions: Sequence[Sequence[Action]], **changes) -> Plan:
     """A copy of ``plan`` with other action lists (handy for tests and plan transformations)."""
     fields = dict(name=plan.name, layout=plan.layout, requests=plan.requests, comm=plan.comm,
-                  concurrency=plan.concurrency)
+                  concurrency=plan.concurrency, steps=plan.steps)
     fields.update(changes)
     return Plan(actions=tuple(tuple(a) for a in actions), **fields)
+
+
+def _pieces_text(pieces) -> str:
+    return "[" + ", ".join(f"r{q}.c{c}" for q, c in pieces) + "]"
+
+
+def _parse_piece(text: str) -> tuple[int, int]:
+    m = _PIECE.match(text.strip())
+    if not m:
+        raise ValueError(f"cannot parse step piece {text!r}; expected e.g. r1.c0")
+    return int(m.group(1)), int(m.group(2))

@@ -5,13 +5,17 @@ cut by the budget ends the step). With a DCPP planner every piece is also capped
 chunk, and the step's time budget is shared as vLLM-Ascend does (#9900): the target less the predicted
 time of the pieces already in the step; a request is not added once it is spent.
 
-The steps become ordinary chunk lists: a request's chunk is its piece of one step, so a step of two
-requests is two compute actions per stage, run back to back (one stage call per request chunk). The
-plan, verifier, simulator and executor need nothing new for that. Why one call per request chunk: a
-stage computes one request per call (its caches are keyed by request, and a batched call would need
-a variable-length attention over several requests' caches); the work is the same, and what the split
-costs is one call's overhead per extra piece (tens of microseconds per action on the CPU ranks,
-``vpp prefill``'s "overhead us/action"), which the simulator charges too (a per-chunk cost term).
+A request's chunk is its piece of one step. :func:`shared_budget_requests` gives only the chunk lists
+(each piece then runs as a step of its own: one hand-over and one per-step overhead per piece);
+:func:`shared_budget_stream` also gives the steps, for a plan whose steps are shared (``Plan.steps``,
+:mod:`.steps`): one transfer per step carrying all its pieces, the per-step overhead paid once, and one
+stage call per piece (a stage's caches are keyed by request; a batched call would need a
+variable-length attention over several requests' caches). A request's next piece is cut to the room
+left in the step, as vLLM's scheduler cuts a prefill to the remaining token budget.
+
+With a concurrency limit K (``Plan.concurrency``: request i enters once request i-K has finished) a
+request's first piece goes only into a step after the one where request i-K ends (in the same step it
+would wait for itself: a deadlock), as vLLM admits a waiting request only once a running slot is free.
 
 All requests are taken as present from the start (arrival 0); the executor's admission gate still
 holds a request's first chunk until it arrives, so later arrivals cost time, never correctness.
@@ -24,25 +28,34 @@ from typing import Callable, Iterable
 from .dcpp import DcppPlanner
 from .ir import Request
 
+OnStep = Callable[[list[tuple[int, int]]], None]
+
 
 def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
-                        on_step: Callable[[list[tuple[int, int]]], None] | None = None
+                        on_step: OnStep | None = None, concurrency: int | None = None
                         ) -> list[list[tuple[int, int]]]:
     """The steps of a stream: each a list of (request index, tokens) summing to at most ``budget``.
     ``on_step``, if given, is called after each step is formed with its (tokens, prefix) per piece, before
-    the next step is planned (an engine's online calibration: ``planner.observe_step`` on its time)."""
+    the next step is planned (an engine's online calibration: ``planner.observe_step`` on its time).
+    ``concurrency``: see the module docstring."""
     lengths = [int(n) for n in lengths]
     if budget < 1:
         raise ValueError(f"budget={budget} tokens must be >= 1")
     if any(n < 1 for n in lengths):
         raise ValueError(f"prompt lengths {lengths} must be >= 1 token")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency={concurrency} must be >= 1 (or None: unlimited)")
     done = [0] * len(lengths)
+    ends: dict[int, int] = {}                  # request index -> the step where it ends
     steps, head = [], 0
     while head < len(lengths):
         left, step, shapes = budget, [], []
         time_left = planner.target if planner is not None else None
         q = head
         while left > 0 and q < len(lengths):
+            if concurrency is not None and done[q] == 0 and q >= concurrency and \
+                    ends.get(q - concurrency, len(steps)) >= len(steps):
+                break                          # no free slot: request q - K ends in this step or later
             rest = lengths[q] - done[q]
             want = rest
             if planner is not None:
@@ -57,6 +70,8 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
                 time_left -= planner.time(n, done[q]) * 1000.0
             done[q] += n
             left -= n
+            if done[q] == lengths[q]:
+                ends[q] = len(steps)
             if done[q] < lengths[q]:
                 break                      # cut by the budget (or the planner): the step is full
             q += 1
@@ -70,12 +85,24 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
 
 def shared_budget_requests(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
                            arrivals: Iterable[float] | None = None, first_id: int = 0,
-                           on_step: Callable[[list[tuple[int, int]]], None] | None = None) -> list[Request]:
+                           on_step: OnStep | None = None, concurrency: int | None = None) -> list[Request]:
     """Requests whose chunks are their pieces of :func:`shared_budget_steps` (``on_step``: see there)."""
+    return shared_budget_stream(lengths, budget, planner=planner, arrivals=arrivals, first_id=first_id,
+                                on_step=on_step, concurrency=concurrency)[0]
+
+
+def shared_budget_stream(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,
+                         arrivals: Iterable[float] | None = None, first_id: int = 0,
+                         on_step: OnStep | None = None, concurrency: int | None = None
+                         ) -> tuple[list[Request], list[list[tuple[int, int]]]]:
+    """The requests of :func:`shared_budget_requests` and the steps as lists of (request id, chunk),
+    for a builder's ``steps`` (:mod:`.builders`); the steps are planned once (``on_step`` sees each)."""
     lengths = list(lengths)
     arrivals = [0.0] * len(lengths) if arrivals is None else list(arrivals)
     sizes: list[list[int]] = [[] for _ in lengths]
-    for step in shared_budget_steps(lengths, budget, planner=planner, on_step=on_step):
+    steps = []
+    for step in shared_budget_steps(lengths, budget, planner=planner, on_step=on_step, concurrency=concurrency):
+        steps.append([(first_id + q, len(sizes[q])) for q, _ in step])
         for q, n in step:
             sizes[q].append(n)
-    return [Request(first_id + i, tuple(s), a) for i, (s, a) in enumerate(zip(sizes, arrivals))]
+    return [Request(first_id + i, tuple(s), a) for i, (s, a) in enumerate(zip(sizes, arrivals))], steps

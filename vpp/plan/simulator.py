@@ -3,7 +3,9 @@
 It runs the same semantics as the verifier (:mod:`.engine`) with durations from the cost model: a
 COMPUTE of stage s on chunk c of request q takes ``cost.compute(s, tokens, prefix)`` with the chunk's
 token count and its offset in the request as prefix; a transfer takes ``cost.transfer(tokens)``; a
-HANDOFF is free. Blocking plans rendezvous (both ranks are blocked from arrival until the transfer
+HANDOFF is free. A step shared by several requests (``Plan.steps``) costs the sum of its pieces' computes
+less the per-step overhead (:func:`.cost.step_overhead`) of every piece but the lead, so the overhead is
+paid once per step; its one transfer carries the step's tokens (one latency). Blocking plans rendezvous (both ranks are blocked from arrival until the transfer
 ends); async plans post and move on, with ``cost.overlap`` setting how much of each transfer hides.
 
 The trace has compute spans, blocked send/recv spans (zero-length recv spans where an async receive was
@@ -15,7 +17,7 @@ meta lists the requests' arrivals (``[[id, arrival], ...]``) for :func:`.summary
 
 from __future__ import annotations
 
-from .cost import Cost
+from .cost import Cost, step_overhead
 from .engine import Engine
 from .ir import Plan
 from .trace import Span, Trace
@@ -30,7 +32,10 @@ def simulate(plan: Plan, cost: Cost, *, check: bool = True) -> Trace:
 
     def compute_time(stage: int, request: int, chunk: int) -> float:
         q = requests[request]
-        return float(cost.compute(stage, q.tokens(chunk), q.offset(chunk)))
+        t = float(cost.compute(stage, q.tokens(chunk), q.offset(chunk)))
+        if plan.steps and plan.lead(request, chunk) != (request, chunk):
+            t -= step_overhead(cost, stage)
+        return t
 
     engine = Engine(plan, plan.comm, compute_time=compute_time, transfer_time=lambda n: float(cost.transfer(n)),
                     overlap=float(getattr(cost, "overlap", 1.0)), record=True).run()

@@ -52,33 +52,39 @@ class Strategy:
     packs: bool = False  # packs the next request's first chunks into a drain (Algorithm 2)
 
     def plan(self, layout: Layout, requests: Sequence[Request], *, concurrency: int | None = None,
-             cost=None) -> Plan:
-        """The plan of this strategy for ``requests`` on ``layout`` (``cost`` only steers packing)."""
+             cost=None, steps=None) -> Plan:
+        """The plan of this strategy for ``requests`` on ``layout`` (``cost`` only steers packing);
+        ``steps``: steps shared by requests (:mod:`.steps`), None for one request per step."""
         if self.builder is None:
             raise ValueError(f"{self.name} has no vpp plan: {self.description}")
         if self.layout == "v" and layout.kind == "loop" and layout.num_ranks > 1:
             raise ValueError(f"{self.name} needs 2f stages per rank (a V); the stage modules form "
                              f"{layout.describe()}")
+        if steps is not None:
+            return self.builder(layout, requests, concurrency=concurrency, cost=cost, steps=steps)
         return self.builder(layout, requests, concurrency=concurrency, cost=cost)
 
 
 def _cpp(comm: str, name: str) -> Builder:
-    def build(layout, requests, *, concurrency=None, cost=None):
-        return build_cpp(layout, requests, comm=comm, name=name, concurrency=concurrency)
+    def build(layout, requests, *, concurrency=None, cost=None, steps=None):
+        return build_cpp(layout, requests, comm=comm, name=name, concurrency=concurrency, steps=steps)
     return build
 
 
-def _vpp(layout, requests, *, concurrency=None, cost=None):
-    return build_vpp(layout, requests, concurrency=concurrency)
+def _vpp(layout, requests, *, concurrency=None, cost=None, steps=None):
+    return build_vpp(layout, requests, concurrency=concurrency, steps=steps)
 
 
 def _vpp_async(order: str, name: str) -> Builder:
-    def build(layout, requests, *, concurrency=None, cost=None):
-        return build_vpp_async(layout, requests, concurrency=concurrency, request_order=order, name=name)
+    def build(layout, requests, *, concurrency=None, cost=None, steps=None):
+        return build_vpp_async(layout, requests, concurrency=concurrency, request_order=order, name=name,
+                               steps=steps)
     return build
 
 
-def _vpp_packed(layout, requests, *, concurrency=None, cost=None):
+def _vpp_packed(layout, requests, *, concurrency=None, cost=None, steps=None):
+    if steps is not None:  # shared steps flow back to back: no drain between requests is left to pack
+        return build_vpp_async(layout, requests, concurrency=concurrency, name="vpp-packed", steps=steps)
     return build_vpp_packed(layout, requests, cost=cost, concurrency=concurrency)
 
 

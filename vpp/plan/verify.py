@@ -6,7 +6,10 @@
 3. on its rank, every compute comes after its input (the RECV or HANDOFF of the previous stage) and
    after the same stage's previous chunk (KV cache), and every SEND/HANDOFF after its compute;
 4. for each rank pair, the sender's SENDs and the receiver's RECVs list the transfers in the same order;
-5. it cannot deadlock under its communication semantics: blocking plans are run with rendezvous
+5. shared steps (``Plan.steps``): on each stage a step's pieces are computed back to back in the
+   step's order; only the lead sends or hands over (after every piece's compute), and every piece's
+   compute comes after the lead's RECV or HANDOFF;
+6. it cannot deadlock under its communication semantics: blocking plans are run with rendezvous
    semantics (and non-blocking ones), async plans with non-blocking ones (see :mod:`.engine`); since
    which send matches which receive is fixed, one run decides it for every timing. The run includes
    the admission gate of ``Plan.concurrency`` (a request held until one listed later on the same rank
@@ -91,6 +94,10 @@ def _check_coverage(plan: Plan) -> dict:
                 raise PlanError(plan, f"{a} appears twice: rank {r0} step {i0} and rank {r} step {i}", [(r0, i0), (r, i)])
             where[(a.op, *a.key)] = (r, i)
     for (op, *key), (r, i) in where.items():
+        if op != COMPUTE and not plan.step_pieces(key[1], key[2]):
+            lead = plan.lead(key[1], key[2])
+            raise PlanError(plan, f"{plan.actions[r][i]} on rank {r} (step {i}): r{key[1]}.c{key[2]} shares the step "
+                                  f"led by r{lead[0]}.c{lead[1]}, whose transfer or hand-over carries it", [(r, i)])
         if op in (SEND, RECV):
             other = RECV if op == SEND else SEND
             if (other, *key) not in where:
@@ -103,7 +110,7 @@ def _check_coverage(plan: Plan) -> dict:
         for c in range(q.num_chunks):
             for s in range(layout.num_stages):
                 missing = [(COMPUTE, s)]
-                if s < layout.last_stage:
+                if s < layout.last_stage and plan.step_pieces(q.id, c):
                     missing.append((HANDOFF, s) if layout.is_local_hop(s) else (SEND, s))
                 for op, st in missing:
                     if (op, st, q.id, c) not in where:
@@ -120,14 +127,22 @@ def _check_local_order(plan: Plan) -> None:
         for i, a in enumerate(acts):
             need = None
             if a.op == COMPUTE:
-                if a.stage > 0 and (a.stage - 1, a.request, a.chunk) not in inputs:
+                lead = plan.lead(a.request, a.chunk)
+                if a.stage > 0 and (a.stage - 1, *lead) not in inputs:
                     need = f"its input, stage {a.stage - 1}'s output (a RECV or HANDOFF), earlier on rank {r}"
                 elif a.chunk > 0 and (a.stage, a.request, a.chunk - 1) not in done:
                     need = f"F{a.stage}.r{a.request}.c{a.chunk - 1} (the KV cache of the previous chunk) first"
+                elif lead != (a.request, a.chunk):
+                    step = plan.step_pieces(*lead)
+                    before = step[step.index((a.request, a.chunk)) - 1]
+                    if i == 0 or acts[i - 1] != Action(COMPUTE, a.stage, *before):
+                        need = f"F{a.stage}.r{before[0]}.c{before[1]} right before it (the pieces of a step run back to back)"
                 done.add(a.key)
             elif a.op in (SEND, HANDOFF):
-                if a.key not in done:
-                    need = f"F{a.stage}.r{a.request}.c{a.chunk}, which produces it, earlier on rank {r}"
+                gone = [p for p in plan.step_pieces(a.request, a.chunk) if (a.stage, *p) not in done]
+                if gone:
+                    need = (f"F{a.stage}.r{gone[0][0]}.c{gone[0][1]}, which produces "
+                            f"{'it' if gone[0] == (a.request, a.chunk) else 'a piece of its step'}, earlier on rank {r}")
                 if a.op == HANDOFF:
                     inputs.add(a.key)
             else:

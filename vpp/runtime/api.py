@@ -59,6 +59,7 @@ def forward_prefill(
     timeout_s: float = 300.0,
     progress=None,
     cached_tokens: int | Sequence[int] = 0,
+    steps=None,
 ) -> PrefillOutput:
     """Prefill one prompt (a 1-D tensor or a list of ints) or a stream of them (a list of those)
     through this rank's ``stages`` with ``schedule`` (see :func:`build_schedule`). ``chunk_size`` is a
@@ -69,12 +70,13 @@ def forward_prefill(
     feeds into the pipeline. Every argument problem raises the same error on every rank; every wait
     is bounded by ``timeout_s``. ``cached_tokens=N``: the first N tokens of each prompt are already in
     the stages' caches under its request id (an earlier prefill of them, or ``Pipeline.import_cache``);
-    only the rest is chunked and computed (see :meth:`~.pipeline.Pipeline.prefill`)."""
+    only the rest is chunked and computed (see :meth:`~.pipeline.Pipeline.prefill`). ``steps``: steps
+    shared by several prompts (lists of (prompt index, chunk)), see :meth:`~.pipeline.Pipeline.prefill`."""
     strategies.get(schedule, strategies.PLANNED)  # an unknown name fails before any exchange
     pipe = Pipeline(stages, groups, timeout_s=timeout_s)
     return pipe.prefill(input_ids, chunk_size, schedule=schedule, request_ids=request_ids, arrivals=arrivals,
                         concurrency=concurrency, return_trace=return_trace, progress=progress,
-                        cached_tokens=cached_tokens)
+                        cached_tokens=cached_tokens, steps=steps)
 
 
 def forward_vpp_prefill(stages, input_ids, chunk_size, groups, *, async_comm: bool = False, **kw) -> PrefillOutput:

@@ -14,6 +14,15 @@ two communication modes). This rank runs ``plan.actions[pp_rank]`` in order:
   the rest.
 * ``L`` HANDOFF  -- nothing moves: the output stays in this rank's activation table for stage s+1.
 
+Steps shared by requests (``Plan.steps``): a step's lead SEND concatenates the outputs of the step's
+pieces (in step order) into ONE message and the lead RECV receives it into one buffer, which the
+step's first compute splits into the pieces' inputs (views, no copy). Each piece is still one stage
+call: a stage's KV caches are keyed by request and a call extends one request's cache, so a batched
+call would need a variable-length attention over several requests' caches; what the split costs is
+the stage call's fixed overhead per extra piece, which is what the simulator saves per piece
+(:func:`vpp.plan.cost.step_overhead`) only where the cost model states it (on these CPU ranks the
+per-call overhead is tens of microseconds against milliseconds of compute).
+
 Request streams (see :mod:`vpp.plan.ir`): before stage 0 computes a request's first chunk, the executor sleeps
 until the request's arrival (seconds after the start barrier, the trace's origin) and, under a
 concurrency limit, until the gating request has finished. Where that request's last stage lives on
@@ -188,8 +197,9 @@ class Executor:
         if a.op == RECV:
             return self._recv(a)
         if a.op == HANDOFF:
-            if a.key not in self.ready:
-                raise RuntimeError(f"hand-off of {a.key} before it was produced")
+            for q, c in self.plan.step_pieces(a.request, a.chunk):
+                if (a.stage, q, c) not in self.ready:
+                    raise RuntimeError(f"hand-off of {(a.stage, q, c)} before it was produced")
             return 0.0
         raise ValueError(f"unknown action {a}")
 
@@ -221,8 +231,12 @@ class Executor:
             x = self.prompts[a.request][offset: offset + q.tokens(a.chunk)].to(self.device)
         else:
             src = (a.stage - 1, a.request, a.chunk)
-            if src in self.pending:
-                blocked = self._wait_recv(src) if self.ops is None else self._order_after_recv(src)
+            lead = (a.stage - 1, *self.plan.lead(a.request, a.chunk))
+            if lead in self.pending:
+                blocked = self._wait_recv(lead) if self.ops is None else self._order_after_recv(lead)
+            if lead == src and len(self.plan.step_pieces(a.request, a.chunk)) > 1 and \
+                    not self.plan.layout.is_local_hop(a.stage - 1):
+                self._split_step(lead)
             x = self.ready.pop(src)
         stage = self.stages[a.stage]
         q = self.requests[a.request]
@@ -252,10 +266,20 @@ class Executor:
             self.ready[a.key] = out
         return blocked + (end - start)
 
+    def _split_step(self, lead: tuple) -> None:
+        """One received step -> the inputs of its pieces, in step order (views of the buffer)."""
+        stage, buf = lead[0], self.ready.pop(lead)
+        pieces = self.plan.step_pieces(lead[1], lead[2])
+        parts = torch.split(buf, [self.requests[q].tokens(c) for q, c in pieces])
+        for (q, c), part in zip(pieces, parts):
+            self.ready[(stage, q, c)] = part
+
     def _send(self, a: Action) -> float:
-        x = self.ready.pop(a.key)
+        pieces = self.plan.step_pieces(a.request, a.chunk)
+        outs = [self.ready.pop((a.stage, q, c)) for q, c in pieces]
+        x = outs[0] if len(outs) == 1 else torch.cat(outs)  # one message per step
         hidden, dtype = self.hidden[a.stage]
-        expected = (self.requests[a.request].tokens(a.chunk), hidden)
+        expected = (self.plan.step_tokens(a.request, a.chunk), hidden)
         if tuple(x.shape) != expected or str(x.dtype) != dtype:
             raise ValueError(f"stage {a.stage} produced {tuple(x.shape)} {x.dtype} for request {a.request} "
                              f"chunk {a.chunk}, but its receiver expects {expected} {dtype}")
@@ -277,7 +301,7 @@ class Executor:
 
     def _recv(self, a: Action) -> float:
         hidden, dtype = self.hidden[a.stage]
-        tokens = self.requests[a.request].tokens(a.chunk)
+        tokens = self.plan.step_tokens(a.request, a.chunk)
         buf = torch.empty(tokens, hidden, dtype=getattr(torch, dtype.replace("torch.", "")), device=self.device)
         channel = self.groups.pp_channel(a.peer, self.me)
         start = self._now()

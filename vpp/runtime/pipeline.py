@@ -107,13 +107,15 @@ class Pipeline:
     def prefill(self, input_ids: Any, chunk_size: inputs.Chunking, *, schedule: str = "vpp",
                 request_ids: Sequence[Hashable] | None = None, arrivals: Sequence[float] | None = None,
                 concurrency: int | None = None, return_trace: bool = False, progress=None,
-                decode_room: int = 0, cached_tokens: int | Sequence[int] = 0) -> PrefillOutput:
+                decode_room: int = 0, cached_tokens: int | Sequence[int] = 0, steps=None) -> PrefillOutput:
         """Prefill one prompt or a stream of them (see :func:`vpp.runtime.api.forward_prefill`).
         ``decode_room``: tokens each request's caches should hold beyond its prompt (those it will
         decode), so that they are allocated once. ``cached_tokens`` (one count, or one per prompt):
         the first N tokens of a prompt are already in every stage's caches under its request id (left
         by an earlier prefill of them, or installed with :meth:`import_cache`); only the rest is
-        chunked and computed, the full prompt is still given (its first N ids are not used)."""
+        chunked and computed, the full prompt is still given (its first N ids are not used). ``steps``:
+        steps shared by several prompts, as lists of (prompt index, chunk) (e.g. from
+        :func:`vpp.plan.shared_budget.shared_budget_stream`), each moved as one message per hop."""
         strategy = strategies.get(schedule, strategies.PLANNED)
         chunk_size = inputs.check_chunking(chunk_size)
         if strategy.chunking == "dcpp" and isinstance(chunk_size, int):
@@ -131,7 +133,9 @@ class Pipeline:
         cached = cached_counts(cached_tokens, len(lengths))
         if any(cached):
             self._check_cached(ids, cached, lengths)
-        plan = self.plan(schedule, requests_for(lengths, chunk_size, ids, arrivals, cached), concurrency)
+        if steps is not None:
+            steps = tuple(tuple((ids[int(q)], int(c)) for q, c in g) for g in steps)
+        plan = self.plan(schedule, requests_for(lengths, chunk_size, ids, arrivals, cached), concurrency, steps)
         executor = Executor(plan, self.mine, self.groups, self.pipeline, run_key=infos[0].run_key,
                             timeout_s=self.timeout_s, progress=progress, timed=return_trace,
                             extra_tokens=decode_room)
@@ -158,10 +162,10 @@ class Pipeline:
         :class:`~.finite.NonFiniteError` everywhere if there is any (see :mod:`.finite`)."""
         local = [(s, q, self._nonfinite_layer(s, q)) for s, q in local]  # only after a non-finite run
         found = [local]
-        if dist.is_initialized() and self.groups.sizes.world_size > 1:
+        if dist.is_initialized() and len(self.groups.members) > 1:
             rendezvous(f"the finiteness exchange after the {what}", self.groups.global_rank, self.groups.members,
                        timeout_s=self.timeout_s)
-            found = [None] * self.groups.sizes.world_size
+            found = [None] * len(self.groups.members)
             dist.all_gather_object(found, local, group=self.groups.instance_pg)
         first = finite.first_nonfinite(found)
         if first is not None:
@@ -171,12 +175,13 @@ class Pipeline:
         ask = getattr(self.mine.get(stage), "nonfinite_layer", None)  # optional in the stage contract
         return ask(request) if ask is not None and request is not None else None
 
-    def plan(self, schedule: str, requests: Sequence[Request], concurrency: int | None = None) -> Plan:
+    def plan(self, schedule: str, requests: Sequence[Request], concurrency: int | None = None,
+             steps=None) -> Plan:
         """The verified plan of ``schedule`` for ``requests`` (built once per distinct chunking)."""
-        key = (schedule, tuple((q.id, q.chunk_sizes, q.arrival, q.cached) for q in requests), concurrency)
+        key = (schedule, tuple((q.id, q.chunk_sizes, q.arrival, q.cached) for q in requests), concurrency, steps)
         if key not in self._plans:
             spec = strategies.get(schedule, strategies.PLANNED)
-            self._plans[key] = verify(spec.plan(self.layout, requests, concurrency=concurrency))
+            self._plans[key] = verify(spec.plan(self.layout, requests, concurrency=concurrency, steps=steps))
             while len(self._plans) > PLAN_CACHE:  # a server sees endless distinct chunkings: keep memory flat
                 self._plans.popitem(last=False)
         self._plans.move_to_end(key)
