@@ -17,8 +17,9 @@ highest throughput (the paper's rule: each strategy at its best budget).
 With ``setup.shared_budget`` (:class:`vpp.perf.runs.Setup`) every strategy fills its steps as vLLM's
 scheduler does (:mod:`vpp.plan.shared_budget`): a step carries the rest of the running request, then
 the first chunks of the next ones, up to the budget; DCPP shares vLLM-Ascend's time budget the same way
-and calibrates online on each step's time. Each request's piece of a step is its own stage call, so a
-prompt shorter than the budget is one chunk with or without the shared budget. ``setup.packing_estimate``
+and calibrates online on each step's time. A step is one pipeline step (:mod:`vpp.plan.steps`): its
+pieces run back to back on each stage, with one hand-over and one per-step overhead for the step, so
+short prompts share a step's fixed costs. ``setup.packing_estimate``
 says what VPP + packing estimates its drain windows with: this deployment's cost model (``"cost"``,
 default) or Algorithm 2's own law, tau_k = (k + 1) t (``"eq2"``, :func:`vpp.plan.packing.default_cost`).
 """
@@ -30,7 +31,7 @@ from typing import Sequence
 
 from vpp.perf.runs import Setup, dcpp_chunking
 from vpp.plan import simulate, strategies
-from vpp.plan.shared_budget import shared_budget_requests
+from vpp.plan.shared_budget import shared_budget_stream
 from vpp.plan.stream import StreamStats, stream_stats
 from vpp.plan.workloads import Workload
 
@@ -63,14 +64,17 @@ def serve(setup: Setup, workload: Workload, strategy: str, chunk: int, *, per_ra
     else:
         layout = setup.layout(spec.layout)
     cost = setup.cost(layout, strategy)
+    steps = None  # shared steps: one pipeline step carries several requests' pieces (vpp.plan.steps)
     if spec.chunking == "dcpp":
-        requests = dcpp_chunking(setup, workload.lengths, chunk, cost, layout, workload.arrivals)
+        requests, steps = dcpp_chunking(setup, workload.lengths, chunk, cost, layout, workload.arrivals,
+                                        concurrency=workload.concurrency, with_steps=True)
     elif setup.shared_budget:
-        requests = shared_budget_requests(workload.lengths, chunk, arrivals=workload.arrivals)
+        requests, steps = shared_budget_stream(workload.lengths, chunk, arrivals=workload.arrivals,
+                                               concurrency=workload.concurrency)
     else:
         requests = workload.requests(chunk)
     estimate = None if spec.packs and setup.packing_estimate == "eq2" else cost   # None: Algorithm 2's Eq. 2 law
-    plan = spec.plan(layout, requests, concurrency=workload.concurrency, cost=estimate)
+    plan = spec.plan(layout, requests, concurrency=workload.concurrency, cost=estimate, steps=steps)
     trace = simulate(plan, cost, check=False)
     return Served(strategy, chunk, stream_stats(trace, plan), sum(q.num_chunks for q in plan.requests))
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import vpp.plan as sch
 from vpp.plan.dcpp import DcppPlanner, plan_online, profiled_stages, stage_measure
-from vpp.plan.shared_budget import shared_budget_requests
+from vpp.plan.shared_budget import shared_budget_stream
 
 from .arch import Arch
 from .cp import ContextParallelCost
@@ -113,18 +113,22 @@ def requests_for(setup: Setup, strategy: str, lengths, chunk: int, cost: Deploym
     return sch.chunk_requests(lengths, chunk)
 
 
-def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None) -> list:
+def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None, *,
+                  concurrency: int | None = None, with_steps: bool = False):
     """Requests cut by the DCPP planner of ``setup`` (profiled on ``cost``); with ``dcpp_online`` the
     planner observes each chunk's time as it goes (one planner for the whole stream, as one engine
-    keeps one), re-fitting its history model over the first observations."""
+    keeps one), re-fitting its history model over the first observations. ``with_steps``: return
+    ``(requests, steps)``, the steps shared by requests under ``setup.shared_budget`` (else None)."""
     stages = profiled_stages(layout, setup.dcpp_variant)
     planner = DcppPlanner(setup.dcpp_variant, budget=chunk, online=setup.dcpp_online)
     planner.profile(stage_measure(cost, stages))
     arrivals = [0.0] * len(lengths) if arrivals is None else list(arrivals)
     if setup.shared_budget:
-        return _shared_dcpp(setup, lengths, chunk, cost, stages, planner, arrivals)
+        requests, steps = _shared_dcpp(setup, lengths, chunk, cost, stages, planner, arrivals, concurrency)
+        return (requests, steps) if with_steps else requests
     if not setup.dcpp_online:
-        return [sch.Request(i, tuple(planner.chunk_sizes(n)), a) for i, (n, a) in enumerate(zip(lengths, arrivals))]
+        requests = [sch.Request(i, tuple(planner.chunk_sizes(n)), a) for i, (n, a) in enumerate(zip(lengths, arrivals))]
+        return (requests, None) if with_steps else requests
 
     def step(c: int, h: int) -> float:
         if cost.sync_only is not None and planner.timing:     # the runner syncs while the planner times
@@ -132,10 +136,12 @@ def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None
         return sum(cost.compute(s, c, h) for s in stages)
 
     sizes = plan_online(planner, lengths, step)
-    return [sch.Request(i, tuple(c), a) for i, (c, a) in enumerate(zip(sizes, arrivals))]
+    requests = [sch.Request(i, tuple(c), a) for i, (c, a) in enumerate(zip(sizes, arrivals))]
+    return (requests, None) if with_steps else requests
 
 
-def _shared_dcpp(setup: Setup, lengths, chunk: int, cost, stages, planner: DcppPlanner, arrivals) -> list:
+def _shared_dcpp(setup: Setup, lengths, chunk: int, cost, stages, planner: DcppPlanner, arrivals,
+                 concurrency: int | None = None) -> tuple[list, list]:
     """DCPP under one shared token budget (:mod:`vpp.plan.shared_budget`, vLLM-Ascend #9900's shared
     time budget): with ``dcpp_online`` the planner times each step (its pieces run back to back) and
     re-fits from it; the device syncs once per timed step, before its first piece."""
@@ -146,8 +152,8 @@ def _shared_dcpp(setup: Setup, lengths, chunk: int, cost, stages, planner: DcppP
             cost.sync_only.add(shapes[0])
         planner.observe_step(shapes, sum(cost.compute(s, c, h) for c, h in shapes for s in stages))
 
-    return shared_budget_requests(lengths, chunk, planner=planner, arrivals=arrivals,
-                                  on_step=step if setup.dcpp_online else None)
+    return shared_budget_stream(lengths, chunk, planner=planner, arrivals=arrivals,
+                                on_step=step if setup.dcpp_online else None, concurrency=concurrency)
 
 
 def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = None, folds: int = 1,
