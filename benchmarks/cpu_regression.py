@@ -60,18 +60,19 @@ def make_model(out: Path, layers: int, hidden: int) -> Path:
     return out
 
 
-def prefill(code: Path, args, model: Path, pp: int, schedules: str) -> dict[str, float]:
-    """One ``vpp prefill --json`` process on the checkout ``code``: {schedule: TTFT s}."""
+def prefill(code: Path, args, model: Path, pp: int, schedules: str) -> tuple[dict[str, float], dict[str, str]]:
+    """One ``vpp prefill --json`` process on the checkout ``code``: ({schedule: TTFT s}, {schedule: layout})."""
     cmd = [sys.executable, "-c", "import sys; from vpp.cli import main; sys.exit(main())", "prefill",
            "--model", str(model), "--pp", str(pp), "--schedule", schedules, "--seq-len", str(args.seq_len),
            "--chunk-size", str(args.chunk_size), "--repeat", "1", "--threads", str(args.threads),
+           "--partition", args.partition,
            "--json", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": str(args.threads)}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode:
         raise RuntimeError(f"vpp prefill on {code} (pp {pp}) exited {done.returncode}: {done.stderr[-2000:]}")
     out = json.loads(done.stdout[done.stdout.index("{"):])
-    return {r["schedule"]: r["ttft"]["median"] for r in out["rows"]}
+    return {r["schedule"]: r["ttft"]["median"] for r in out["rows"]}, out["layouts"]
 
 
 def spread(xs: list[float]) -> dict:
@@ -84,13 +85,13 @@ def run(args) -> dict:
     before = Path(args.before) if args.before else HERE
     jobs = {"before": (before, 2, args.schedules), "after": (HERE, 2, args.schedules), "pp1": (HERE, 1, "cpp")}
     names = list(jobs)
-    rounds = []
+    rounds, layouts = [], {}
     for r in range(args.rounds):
         order = names[r % 3:] + names[:r % 3]  # rotate, so drift and first-in-round effects hit every side
         got = {}
         for name in order:
             t0 = time.perf_counter()
-            got[name] = prefill(jobs[name][0], args, model, jobs[name][1], jobs[name][2])
+            got[name], layouts[name] = prefill(jobs[name][0], args, model, jobs[name][1], jobs[name][2])
             print(f"round {r + 1}/{args.rounds} {name}: " + ", ".join(f"{k} {v:.3f} s" for k, v in got[name].items())
                   + f" ({time.perf_counter() - t0:.0f} s wall)", file=sys.stderr, flush=True)
         rounds.append({"order": order, **got})
@@ -106,7 +107,7 @@ def run(args) -> dict:
                      "pp2_over_pp1": spread(vs_pp1), "pp2_before_over_pp1": spread(vs_pp1_before)})
     return {"config": {k: v for k, v in vars(args).items() if k != "out"}, "model": str(model),
             "load_average": os.getloadavg(), "pp1_s": spread([rd["pp1"]["cpp"] for rd in rounds]),
-            "rows": rows, "rounds": rounds}
+            "rows": rows, "rounds": rounds, "layouts": layouts}
 
 
 def markdown(res: dict, command: str) -> str:
@@ -118,7 +119,7 @@ def markdown(res: dict, command: str) -> str:
         f"Command: `{command}`", "",
         f"Model: DeepSeek-V3 shape, hidden {c['hidden']}, {c['layers']} layers, 8 routed experts (random "
         f"weights); {c['seq_len']} tokens in chunks of {c['chunk_size']}, {c['threads']} thread(s) per rank, "
-        f"float32. {c['rounds']} rounds; per round three `vpp prefill --json --repeat 1` processes (before PP 2, "
+        f"float32, --partition {c['partition']}. {c['rounds']} rounds; per round three `vpp prefill --json --repeat 1` processes (before PP 2, "
         f"after PP 2, after PP 1 cpp) in a rotating order, each warmed up once per schedule. Before: "
         f"`{c['before'] or 'this checkout'}`. Load average at the end: "
         + ", ".join(f"{x:.1f}" for x in res["load_average"]) + " on a 2-core machine shared with other agents.", "",
@@ -130,6 +131,8 @@ def markdown(res: dict, command: str) -> str:
     for r in res["rows"]:
         lines.append(f"| {r['schedule']} | {fmt(r['before_s'])} | {fmt(r['after_s'])} | "
                      f"{fmt(r['after_over_before'])} | {fmt(r['pp2_over_pp1'])} | {fmt(r['pp2_before_over_pp1'])} |")
+    lines += ["", "Layouts (layers per stage):", ""] + [f"- {name}: " + "; ".join(f"{k}: {v}" for k, v in lay.items())
+                                                     for name, lay in res["layouts"].items()]
     lines += ["", "Per round (s):", "", "| round | order | pp1 cpp | " + " | ".join(
         f"before {r['schedule']} | after {r['schedule']}" for r in res["rows"]) + " |",
         "|" + "---|" * (3 + 2 * len(res["rows"]))]
@@ -150,6 +153,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--chunk-size", type=int, default=1024)
     ap.add_argument("--schedules", default="cpp,vpp-async")
+    ap.add_argument("--partition", default="rank", choices=("rank", "even"),
+                    help="vpp prefill --partition (the two checkouts may choose different 'rank' partitions)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (PP 1 and PP 2 alike)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per vpp prefill process")
     ap.add_argument("--quick", action="store_true",
