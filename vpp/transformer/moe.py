@@ -36,7 +36,8 @@ parallelism) or the EP group crosses nodes.
 Expert GEMMs, and why there is no host synchronisation. The (token, expert) pairs are sorted by
 local expert, so each expert's rows are one contiguous segment; the segment ends are computed on the
 device (a search in the sorted ids) and handed to a grouped GEMM, one kernel for every local expert:
-``torch._grouped_mm`` on CUDA, ``torch_npu.npu_grouped_matmul`` on NPU (each import-guarded). Pairs
+``torch._grouped_mm`` on CUDA, ``torch_npu.npu_grouped_matmul`` on NPU (each import-guarded; on NPU in
+calls of at most 128 local experts, older releases' limit, see :func:`npu_grouped_mm`). Pairs
 routed to other EP ranks' experts sort after the local ones into a segment no GEMM reads, so every
 shape is static (T k rows) and nothing waits for the device. On CPU, where reading a tensor costs
 nothing, :class:`GroupedExperts` keeps the plain per-expert loop with the counts on the host: the
