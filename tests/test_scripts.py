@@ -142,6 +142,16 @@ def test_tiny_chunk_latency():
     assert re.search(r"^tiny-deepseek\s+\d+ \[", out, re.M), out
 
 
+@pytest.mark.slow
+def test_cpu_regression_quick(tmp_path):
+    _run("-m", "benchmarks.cpu_regression", "--quick", "--model-dir", str(tmp_path / "model"), "--out", str(tmp_path))
+    res = json.loads((tmp_path / "cpu_regression.json").read_text())
+    assert [r["schedule"] for r in res["rows"]] == ["cpp", "vpp-async"] and len(res["rounds"]) == 1
+    assert all(r["after_over_before"]["median"] > 0 and r["pp2_over_pp1"]["median"] > 0 for r in res["rows"])
+    md = (tmp_path / "cpu_regression.md").read_text()
+    assert len(_rows(md, "cpp")) == 1 and len(_rows(md, "vpp-async")) == 1 and "Command:" in md
+
+
 # --- the list is whole -------------------------------------------------------------------------------
 
 def test_every_script_has_a_run():

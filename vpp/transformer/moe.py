@@ -36,7 +36,8 @@ parallelism) or the EP group crosses nodes.
 Expert GEMMs, and why there is no host synchronisation. The (token, expert) pairs are sorted by
 local expert, so each expert's rows are one contiguous segment; the segment ends are computed on the
 device (a search in the sorted ids) and handed to a grouped GEMM, one kernel for every local expert:
-``torch._grouped_mm`` on CUDA, ``torch_npu.npu_grouped_matmul`` on NPU (each import-guarded). Pairs
+``torch._grouped_mm`` on CUDA, ``torch_npu.npu_grouped_matmul`` on NPU (each import-guarded; on NPU in
+calls of at most 128 local experts, older releases' limit, see :func:`npu_grouped_mm`). Pairs
 routed to other EP ranks' experts sort after the local ones into a segment no GEMM reads, so every
 shape is static (T k rows) and nothing waits for the device. On CPU, where reading a tensor costs
 nothing, :class:`GroupedExperts` keeps the plain per-expert loop with the counts on the host: the
@@ -122,6 +123,49 @@ def expert_gemm_for(device: torch.device, dtype: torch.dtype) -> str:
     return gemm
 
 
+NPU_GMM_MAX_GROUPS = 128  # older torch_npu / CANN releases: at most 128 groups (weights) per call
+
+
+def npu_gmm_calls(groups: int, max_groups: int = NPU_GMM_MAX_GROUPS) -> list[tuple[int, int]]:
+    """The expert ranges [g0, g1) of the ``npu_grouped_matmul`` calls for ``groups`` local experts:
+    consecutive, as even as possible, each at most ``max_groups`` (DeepSeek-V3 at EP 1 has 256 local
+    experts: two calls of 128)."""
+    if groups < 1 or max_groups < 1:
+        raise ValueError(f"npu_grouped_matmul needs >= 1 group and a limit >= 1, got {groups} and {max_groups}")
+    calls = -(-groups // max_groups)
+    bounds = [groups * i // calls for i in range(calls + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def npu_grouped_mm(npu, a: torch.Tensor, w: torch.Tensor, ends: torch.Tensor,
+                   max_groups: int = NPU_GMM_MAX_GROUPS) -> torch.Tensor:
+    """Segment e of ``a`` [M, K] times ``w[e]^T`` (``w`` [E, N, K], ``ends`` [E] the segments' ends)
+    with ``npu.npu_grouped_matmul``, without a host synchronisation. The call's contract (torch_npu's
+    documentation): one x [M, K] and one weight [G, K, N] (here the transposed view of ``w[g0:g1]``, which
+    the op reads as a transposed weight), ``group_list`` int64 [G], the cumulative row counts
+    (``group_list_type=0``, non-decreasing), groups along M (``group_type=0``), one output [M, N]
+    (``split_item=2``). ``group_list[-1]`` may be below M (at EP > 1 the rows of other ranks' experts
+    sort last): those rows' output is undefined and the caller masks them.
+
+    More than ``max_groups`` experts: one call per :func:`npu_gmm_calls` range. A range that starts at
+    expert g0 > 0 still has its first group begin at row 0 (a cumulative list starts there), so that
+    group computes rows [0, ends[g0]) with expert g0; only rows [ends[g0 - 1], ends[g1 - 1]) of the
+    call are kept (a device-side row mask), at the cost of up to M extra rows per additional call."""
+    ranges = npu_gmm_calls(w.shape[0], max_groups)
+    ends = ends.long()
+    out = None
+    rows = torch.arange(a.shape[0], device=a.device).unsqueeze(1) if len(ranges) > 1 else None
+    for g0, g1 in ranges:
+        y = npu.npu_grouped_matmul([a], [w[g0:g1].transpose(1, 2)], group_list=ends[g0:g1], split_item=2,
+                                   group_type=0, group_list_type=0)[0]
+        if out is None:
+            out = y
+            continue
+        keep = (rows >= ends[g0 - 1]) & (rows < ends[g1 - 1])
+        out = torch.where(keep, y, out)
+    return out
+
+
 def _torch_npu():
     try:
         return importlib.import_module("torch_npu")
@@ -181,8 +225,7 @@ class GroupedExperts(nn.Module):
     def _grouped_mm(self, a: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """Segment e of ``a`` times ``w[e]^T`` (w [E, N, K], a [rows, K]) -> [rows, N]."""
         if self.backend(a.device) == "npu":
-            return _torch_npu().npu_grouped_matmul([a], [w.transpose(1, 2)], group_list=ends.long(),
-                                                   split_item=2, group_type=0, group_list_type=0)[0]
+            return npu_grouped_mm(_torch_npu(), a, w, ends, NPU_GMM_MAX_GROUPS)
         return torch._grouped_mm(a, w.transpose(1, 2), offs=ends.int())
 
     def extra_repr(self) -> str:

@@ -27,9 +27,16 @@ Kernels, per device kind:
   materialise the [Lq, Lk] mask and run the math path, so :func:`sdpa_route` repeats the key/value
   heads for the efficient kernel instead (memory grows with Lk, not Lq x Lk).
 * NPU: ``torch_npu.npu_fusion_attention`` (sparse_mode 3 = bottom-right causal, grouped-query heads
-  natively); pieces from the same op's softmax max/sum. Import-guarded and untested without the
-  hardware (``benchmarks/device_check.py`` exercises it on a machine that has one).
-* anywhere else: explicit scores (the reference the others are tested against).
+  natively); pieces from the same op's softmax max/sum. The op takes float16/bfloat16 only and a head
+  width of at most 512 (older CANN: a multiple of 16): :func:`npu_attention_route` zero-pads the
+  width up to a multiple of 16 (zero columns change neither q.k nor the kept output columns) and sends
+  float32 or wider heads to the blocked explicit-score path below, so the op is never called with
+  arguments it refuses. Import-guarded; tested on CPU against a fake that enforces that contract
+  (``benchmarks/device_check.py`` exercises the real op on a machine that has one).
+* anywhere else, and the NPU's fallback: explicit scores (:func:`math_lse`, the reference the others
+  are tested against) in blocks of ``MATH_BLOCK`` query rows: a causal piece masks only the
+  ``MATH_BLOCK`` x ``MATH_BLOCK`` tile on the diagonal of each block, so no chunk x chunk mask exists
+  and the scores held at once are ``H x MATH_BLOCK x Lk``.
 
 Grouped-query heads (Hk dividing Hq): a piece without a mask stacks the query heads that share a key
 head along the query axis (no copy of K/V); a causal piece repeats the K/V heads of its (chunk-sized)
@@ -101,7 +108,7 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
 def kernel_for(device_type: str) -> Kernel:
     """The causal kernel for a device kind: the one place where it is chosen."""
     if device_type == "npu" and _torch_npu() is not None:
-        return _npu_fused
+        return _npu_causal
     if device_type == "cpu":
         return _cpu_split
     return _sdpa
@@ -190,16 +197,44 @@ def _cuda_lse(q, k, v, scale, causal):
     return out[0, ..., :dv], lse[0, :, : q.shape[1]]  # the efficient kernel pads lse to 32 queries
 
 
+MATH_BLOCK = 128
+
+
 def math_lse(q, k, v, scale, causal):
-    """Explicit scores in fp32: the reference piece (and the kernel for devices without another)."""
-    scores = (q.float() @ k.float().transpose(1, 2)).mul_(scale)
-    if causal:
-        n = q.shape[1]
-        hidden = torch.ones(n, n, dtype=torch.bool, device=q.device).triu_(1)
-        scores.masked_fill_(hidden, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    out = (scores - lse.unsqueeze(-1)).exp_() @ v.float()
-    return out.to(q.dtype), lse
+    """Explicit scores in fp32: the reference piece (and the kernel for devices without another), in
+    blocks of ``MATH_BLOCK`` query rows. Causal (square): the rows r0..r1 of a block see keys 0..r1-1,
+    and of those only the diagonal tile [r0, r1) x [r0, r1) needs a mask (its strict upper triangle),
+    a fixed ``MATH_BLOCK`` x ``MATH_BLOCK`` tile whatever the chunk."""
+    heads, n, lk = q.shape[0], q.shape[1], k.shape[1]
+    kf, vf = k.float(), v.float()
+    out = torch.empty(heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.empty(heads, n, dtype=torch.float32, device=q.device)
+    for r0 in range(0, n, MATH_BLOCK):
+        r1 = min(n, r0 + MATH_BLOCK)
+        keys = r1 if causal else lk
+        scores = (q[:, r0:r1].float() @ kf[:, :keys].transpose(1, 2)).mul_(scale)
+        if causal:
+            scores[:, :, r0:r1].masked_fill_(_upper_tile(q.device)[: r1 - r0, : r1 - r0], float("-inf"))
+        block_lse = torch.logsumexp(scores, dim=-1)
+        out[:, r0:r1] = ((scores - block_lse.unsqueeze(-1)).exp_() @ vf[:, :keys]).to(q.dtype)
+        lse[:, r0:r1] = block_lse
+    return out, lse
+
+
+@lru_cache(maxsize=None)
+def _upper_tile(device: torch.device) -> torch.Tensor:
+    """True above the diagonal of a MATH_BLOCK x MATH_BLOCK tile: key j hidden from query i when j > i."""
+    return torch.ones(MATH_BLOCK, MATH_BLOCK, dtype=torch.bool, device=device).triu_(1)
+
+
+def _pieces_split(q, k, v, scale):
+    """Causal attention from :func:`attention_lse` pieces: the square diagonal alone, or after a prefix
+    the prefix piece (no mask) merged with the diagonal piece."""
+    lq, lk = q.shape[1], k.shape[1]
+    diag = attention_lse(q, k[:, lk - lq:], v[:, lk - lq:], scale, causal=True)
+    if lq == lk:
+        return diag[0]
+    return merge_partials(attention_lse(q, k[:, :lk - lq], v[:, :lk - lq], scale), diag)[0]
 
 
 def _torch_npu():
@@ -209,12 +244,40 @@ def _torch_npu():
         return None
 
 
-def _npu_fused(q, k, v, scale):
+NPU_FA_DTYPES = (torch.float16, torch.bfloat16)
+NPU_FA_WIDTH_ALIGN = 16
+NPU_FA_MAX_WIDTH = 512
+
+
+def npu_attention_route(dtype: torch.dtype, width: int) -> tuple[str, int]:
+    """How an NPU attention of head width ``width`` (the larger of the query/key and value widths)
+    runs (pure, tested on CPU): ``("fused", padded)``, ``npu_fusion_attention`` on inputs zero-padded to
+    ``padded`` columns (the next multiple of 16), or ``("math", width)``, the blocked explicit scores,
+    for what the op refuses in older CANN (float32, or a width that pads past 512)."""
+    padded = -(-width // NPU_FA_WIDTH_ALIGN) * NPU_FA_WIDTH_ALIGN
+    if dtype in NPU_FA_DTYPES and padded <= NPU_FA_MAX_WIDTH:
+        return "fused", padded
+    return "math", width
+
+
+def _pad_width(q, k, v, width):
+    """Zero-pad q, k and v to ``width`` columns (see :func:`_same_width`)."""
+    return tuple(F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t for t in (q, k, v))
+
+
+def _npu_causal(q, k, v, scale):
+    route, width = npu_attention_route(q.dtype, max(q.shape[-1], v.shape[-1]))
+    if route == "math":
+        return _pieces_split(q, k, v, scale)  # pieces: _npu_lse, which routes them to math_lse
+    return _npu_fused(q, k, v, scale, width)
+
+
+def _npu_fused(q, k, v, scale, width):
     """npu_fusion_attention, BNSD layout, bottom-right causal (sparse_mode 3); key heads dividing the
     query heads are handled by the op itself (no repeated K/V)."""
     npu = _torch_npu()
     heads, dv = q.shape[0], v.shape[-1]
-    q, k, v = _same_width(q, k, v)
+    q, k, v = _pad_width(q, k, v, width)
     out = npu.npu_fusion_attention(
         q[None], k[None], v[None], heads, "BNSD", atten_mask=_npu_causal_mask(q.device),
         scale=scale, sparse_mode=3,
@@ -224,10 +287,13 @@ def _npu_fused(q, k, v, scale):
 
 def _npu_lse(q, k, v, scale, causal):
     """npu_fusion_attention's softmax statistics give the log-sum-exp: max + log(sum) (both
-    [B, N, S, 8] fp32, the 8 copies equal)."""
+    [B, N, S, 8] fp32, the 8 copies equal). What the op refuses goes to :func:`math_lse`."""
+    route, width = npu_attention_route(q.dtype, max(q.shape[-1], v.shape[-1]))
+    if route == "math":
+        return math_lse(q, k, v, scale, causal)
     npu = _torch_npu()
     heads, dv = q.shape[0], v.shape[-1]
-    q, k, v = _same_width(q, k, v)
+    q, k, v = _pad_width(q, k, v, width)
     # a causal piece is square, where the bottom-right diagonal (sparse_mode 3, as above) is the top-left one
     kw = dict(atten_mask=_npu_causal_mask(q.device), sparse_mode=3) if causal else {}
     out, smax, ssum = npu.npu_fusion_attention(q[None], k[None], v[None], heads, "BNSD", scale=scale, **kw)[:3]
