@@ -188,3 +188,9 @@ def calibrate(model: str = "tiny-deepseek", tokens: int = 4096, chunk: int = 512
                            "last_over_first_measured": times[-1] / times[0],
                            "last_over_first_predicted": pred[-1] / pred[0]},
             "cross_check": checks}
+
+
+__all__ = [
+    "calibrate", "chunk_features", "copy_bandwidth", "fit_stage", "link_bandwidth", "matmul_rate",
+    "op_overhead", "predict_and_measure", "stage_chunk_times", "time_median",
+]

@@ -96,3 +96,6 @@ def fit_cpp(setup: Setup, *, length: int = 524288, chunk: int = 24576, target: d
         fitted, fit.host_step, got = fit_host_step(fitted, length=length, chunk=chunk)
         fit.stall = (got, paper.BUBBLE_DETAIL_512K["dcpp"]["Launch stall"])
     return fitted, fit
+
+
+__all__ = ["Fit", "fit_cpp", "fit_host_step"]

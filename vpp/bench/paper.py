@@ -74,3 +74,10 @@ ABLATION_256K = {"async_gain": 0.0313, "packing_gain_total": 0.0689,
                  "bubble_ratio": {"vpp": 0.110, "vpp-async": 0.083, "vpp-packed": 0.024},
                  "async_exposed_cut": 0.48, "overlap": {"vpp": 0.0002, "vpp-async": 0.5403},
                  "packing_bubble_cut": 0.332, "compute_spread": 0.82}
+
+
+__all__ = [
+    "ABLATION_256K", "ALLGATHER_512K", "BUBBLE_DETAIL_512K", "CHUNKS", "CLAIMS", "COMPUTE_DETAIL_512K",
+    "LENGTHS", "LONG_GAINS", "LONG_LENGTHS", "MIXED_GAINS", "MODELS_ALL", "OVERLAP_RATIO_512K",
+    "SHORT_CLAIMS", "STEPS", "TABLE_512K", "VPP_OVER_DCPP_512K",
+]

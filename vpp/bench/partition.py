@@ -84,3 +84,6 @@ class ChunkTime:
 
     def head(self, tokens: int, prefix: int) -> float:
         return sum(self.device.op_time(op) for op in head_ops(self.arch, tokens, self.par))
+
+
+__all__ = ["ChunkTime", "PARTITIONS", "choose_partition", "layer_costs"]

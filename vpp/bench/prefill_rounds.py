@@ -305,3 +305,9 @@ def _write_traces(directory: str, traces: dict) -> list[str]:
         except ImportError:
             log.warning("matplotlib is not installed: skipping PNG timelines (pip install matplotlib, or -e '.[plot]' in a clone)")
     return written
+
+
+__all__ = [
+    "BenchConfig", "Row", "cache_bytes", "chunks_of", "gather_all", "layout_for", "measure_transfer",
+    "replay", "run_bench", "say", "weight_bytes",
+]

@@ -94,3 +94,6 @@ def compare(setup: Setup, workload: Workload, strategies_: Sequence[str] = STREA
 def gain(rows: dict[str, Served], over: str, of: str = "vpp-packed") -> float:
     """Throughput gain of ``of`` over ``over`` (a fraction)."""
     return rows[of].stats.throughput / rows[over].stats.throughput - 1.0
+
+
+__all__ = ["STREAM_STRATEGIES", "Served", "best_budget", "compare", "gain", "serve"]

@@ -172,3 +172,9 @@ def format_effect(rows: dict[str, SimulatedStream]) -> str:
             f"{e['drain_idle_async']:.2f} s -> {e['drain_idle_packed']:.2f} s ({100 * e['drain_idle_removed']:.1f}% "
             f"removed); all bubble {e['bubble_async']:.2f} s -> {e['bubble_packed']:.2f} s "
             f"({100 * e['bubble_removed']:.1f}% removed); makespan {100 * e['makespan_saved']:.1f}% shorter.")
+
+
+__all__ = [
+    "EXTRA", "STRATEGIES", "SimulatedStream", "StreamSetup", "build", "compare", "format_effect",
+    "format_table", "machine_cost", "packing_effect", "run_strategy",
+]

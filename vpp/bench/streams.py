@@ -169,3 +169,6 @@ def _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, *, warmup:
                 out[name].update(ttft_median=stats.ttft_median, ttft_p90=stats.ttft_p90, bubble_ratio=bubble,
                                  trace_makespan=replayed[0], sim_makespan=replayed[1])
     return out
+
+
+__all__ = ["CONTENDERS", "MeasuredStream", "StreamConfig", "make_workload", "run_stream_bench"]

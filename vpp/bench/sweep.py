@@ -68,3 +68,8 @@ def at(points: list[Point], model: str, strategy: str, length: int, chunk: int) 
         if (p.model, p.strategy, p.length, p.chunk) == (model, strategy, length, chunk):
             return p
     return None
+
+
+__all__ = [
+    "KV_BYTES", "MODELS", "Point", "WEIGHT_BYTES", "at", "best", "fitted_setups", "paper_setup", "sweep",
+]

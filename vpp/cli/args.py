@@ -118,3 +118,10 @@ def check_chunk_count(lengths, chunk_size: int, option: str = "--chunk-size") ->
     if chunks > MAX_SIM_CHUNKS:
         raise UsageError(f"{option} {chunk_size} cuts {sum(int(n) for n in lengths)} tokens into {chunks} chunks; "
                          f"the simulator's limit is {MAX_SIM_CHUNKS} (use larger chunks or shorter prompts)")
+
+
+__all__ = [
+    "MAX_SIM_CHUNKS", "UsageError", "check_chunk_count", "fraction", "int_list", "nonnegative_float",
+    "nonnegative_int", "positive_float", "positive_int", "writable_dir", "writable_file",
+    "writable_files_in",
+]

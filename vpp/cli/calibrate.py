@@ -61,3 +61,6 @@ def run(args) -> int:
     write_text(args.out, json.dumps(result, indent=1), option="--out")
     print(f"wrote {args.out}")
     return 0
+
+
+__all__ = ["add_arguments", "check", "run"]

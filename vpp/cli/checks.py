@@ -57,3 +57,6 @@ def check_devices(device: str, ranks: int) -> None:
         check_device_count(get_accelerator(None if device == "auto" else device), ranks)
     except (RuntimeError, ValueError) as exc:
         raise UsageError(f"--device {device}: {exc}") from None
+
+
+__all__ = ["check_devices", "open_checked"]

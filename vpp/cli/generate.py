@@ -371,3 +371,6 @@ def run(args) -> int:
         print(f"[{len(new)} tokens; TTFT {gen.ttft_s:.3f} s, {1e3 * gen.time_per_output_token_s:.1f} ms per output "
               f"token]", file=sys.stderr)
     return 0
+
+
+__all__ = ["GenerateJob", "add_arguments", "check", "run"]

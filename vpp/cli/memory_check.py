@@ -139,3 +139,6 @@ def _read_int(path: str) -> int | None:
         return None if text == "max" else int(text)
     except (OSError, ValueError):
         return None
+
+
+__all__ = ["MIB", "check_memory", "check_positions", "cpu_available", "plan_ranks"]

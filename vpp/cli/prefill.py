@@ -313,3 +313,9 @@ def _mib(m: dict) -> str:
     """Peak allocated MiB, with the allocator's reserved peak after a slash where it differs (devices)."""
     alloc, reserved = m.get("peak_bytes", 0) / 2**20, m.get("peak_reserved_bytes", 0) / 2**20
     return f"{alloc:.0f}" if round(reserved) in (0, round(alloc)) else f"{alloc:.0f}/{reserved:.0f}"
+
+
+__all__ = [
+    "CHECK_RTOL", "DEFAULT_CHUNK", "DEFAULT_ROUNDS", "DEFAULT_SEQ_LEN", "TRACE_FILES", "add_arguments",
+    "check", "check_tolerance", "report", "run", "why_line",
+]

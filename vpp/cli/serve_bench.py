@@ -108,3 +108,6 @@ def format_rows(rows, facts, cfg) -> str:
                                         _fmt(r.stats("bubble_ratio"), 100, 1), _fmt(r.stats("speedup"), digits=3),
                                         _fmt(r.stats("trace_makespan")), _fmt(r.stats("sim_makespan"))]) + " |")
     return "\n".join(lines)
+
+
+__all__ = ["add_arguments", "check", "format_rows", "run"]

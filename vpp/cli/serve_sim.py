@@ -105,3 +105,6 @@ def run(args) -> int:
     if effect:
         print("\n" + effect)
     return 0
+
+
+__all__ = ["WORKLOADS", "add_arguments", "check", "run", "workload_from_args"]

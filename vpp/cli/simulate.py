@@ -117,3 +117,6 @@ def _write_pngs(folder: str, traces: dict) -> list[str]:
         tr.plot(os.path.join(folder, f"{name.lower()}.png"), title=name)
         written.append(os.path.join(folder, f"{name.lower()}.png"))
     return written
+
+
+__all__ = ["add_arguments", "check", "run"]

@@ -37,3 +37,6 @@ def progress_bar(label: str, total: int):
         print(f"\r  {label:<28} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks",
               end="\n" if done >= total else "", file=sys.stderr, flush=True)
     return show
+
+
+__all__ = ["progress_bar", "setup_logging"]

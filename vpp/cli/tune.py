@@ -73,3 +73,6 @@ def run(args) -> int:
                                    "memory_gb": r.memory / 1e9, "fits": r.fits, "cp": r.candidate.cp,
                                    "config": r.candidate.describe()} for r in ranked]}, indent=1))
     return 0
+
+
+__all__ = ["add_arguments", "check", "run"]

@@ -286,3 +286,11 @@ def check_layer_range(layer_range: tuple[int, int], num_layers: int) -> tuple[in
         raise ValueError(f"layer_range=[{start}, {end}) is not a non-empty range inside "
                          f"num_hidden_layers={num_layers}")
     return start, end
+
+
+__all__ = [
+    "Config", "ConfigError", "ConfigLike", "DEFAULTS", "DSA_TYPES", "DTYPES", "MLA_TYPES", "QUANT_METHODS",
+    "RELEASE_DEFAULTS", "REQUIRED", "SUPPORTED_MODEL_TYPES", "attention_kind", "check_layer_range",
+    "config_dtype", "indexer_types", "mlp_layer_types", "model_config", "num_experts", "quantization",
+    "read_config", "shared_intermediate_size", "stage_starts",
+]

@@ -89,3 +89,8 @@ def norm_tensors(layer: int, hidden: int) -> Shapes:
 def _swiglu(prefix: str, hidden: int, inter: int) -> Shapes:
     return {f"{prefix}gate_proj.weight": (inter, hidden), f"{prefix}up_proj.weight": (inter, hidden),
             f"{prefix}down_proj.weight": (hidden, inter)}
+
+
+__all__ = [
+    "DecoderLayer", "Shapes", "build_mlp", "global_tensors", "mlp_tensors", "moe_config", "norm_tensors",
+]

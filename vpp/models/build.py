@@ -183,3 +183,9 @@ def _listing(names: list[str], show: int = 8) -> str:
         return "0 tensors"
     more = f", ... ({len(names) - show} more)" if len(names) > show else ""
     return f"{len(names)} tensors ({', '.join(names[:show])}{more})"
+
+
+__all__ = [
+    "FAMILIES", "build_stage", "check_names", "checkpoint_shapes", "load_stage", "load_weights",
+    "model_config", "random_checkpoint", "save_checkpoint", "schema_reader", "stage_starts",
+]

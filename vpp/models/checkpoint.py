@@ -245,3 +245,9 @@ def save_safetensors(shapes: Shapes, get_tensor: Callable[[str], torch.Tensor], 
     write_bytes(out / "model.safetensors", save(tensors, metadata={"format": "pt"}))
     write_text(out / "config.json", json.dumps(config, indent=2))
     return out
+
+
+__all__ = [
+    "FunctionSource", "RandomCheckpoint", "SCALE", "SUPPORTED_WEIGHTS", "SafetensorsCheckpoint", "Shapes",
+    "WeightSource", "as_source", "save_safetensors",
+]

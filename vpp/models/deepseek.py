@@ -67,3 +67,6 @@ def layer_tensors(cfg: Config, layer: int) -> Shapes:
         s.update({f"{i}wq_b.weight": (n * d, q_r), f"{i}wk.weight": (d, hidden), f"{i}k_norm.weight": (d,),
                   f"{i}k_norm.bias": (d,), f"{i}weights_proj.weight": (n, hidden)})
     return {**s, **norm_tensors(layer, hidden), **mlp_tensors(cfg, layer)}
+
+
+__all__ = ["MODEL_TYPES", "build_layer", "layer_tensors", "rope_spec"]

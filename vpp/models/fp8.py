@@ -51,3 +51,6 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, block: tuple[int, int] | l
         out[:, start:start + width].mul_(rows[:, j:j + 1])
         start += width
     return out
+
+
+__all__ = ["dequantize", "scale_shape", "scale_window"]

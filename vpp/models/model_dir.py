@@ -53,3 +53,6 @@ def check_model_dir(path: str | Path, *, dtype: str = "auto") -> ModelDirSummary
             raise CheckpointError(f"{where / info.file}: {name} has shape {list(info.shape)}, the config describes "
                                   f"{list(shape)}")
     return ModelDirSummary(cfg["model_type"], n, counts["tensors"], counts["quantized"], counts["bytes"], declared)
+
+
+__all__ = ["ModelDirSummary", "check_model_dir"]

@@ -33,3 +33,6 @@ def layer_tensors(cfg: Config, layer: int) -> Shapes:
         shapes.update({f"{p}q_proj.bias": (q,), f"{p}k_proj.bias": (kv,), f"{p}v_proj.bias": (kv,),
                        f"{p}o_proj.bias": (hidden,)})
     return {**shapes, **norm_tensors(layer, hidden), **mlp_tensors(cfg, layer)}
+
+
+__all__ = ["MODEL_TYPES", "build_layer", "layer_tensors", "rope_spec"]

@@ -146,3 +146,6 @@ def snap_partition(num_layers: int, num_stages: int, starts: tuple[int, ...]) ->
         prev = choice
     bounds.append(num_layers)
     return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+__all__ = ["BUILTIN", "ModelSource", "check_model", "open_model", "resolve_dtype", "snap_partition"]

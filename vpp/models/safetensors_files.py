@@ -137,3 +137,9 @@ def _inside(file: str) -> bool:
         return False
     norm = os.path.normpath(file)
     return norm != ".." and not norm.startswith(".." + os.sep) and norm != "."
+
+
+__all__ = [
+    "CheckpointError", "DTYPE_SIZES", "FLOAT_DTYPES", "INDEX", "SINGLE", "TensorInfo", "read_header",
+    "read_index",
+]

@@ -205,3 +205,6 @@ class Stage(nn.Module):
 
     def extra_repr(self) -> str:
         return f"layers=[{self.layer_range[0]}, {self.layer_range[1]}), first={self.is_first}, last={self.is_last}"
+
+
+__all__ = ["Stage"]

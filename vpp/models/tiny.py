@@ -65,3 +65,6 @@ TINY_CONFIGS: dict[str, dict] = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
     },
 }
+
+
+__all__ = ["TINY_CONFIGS"]

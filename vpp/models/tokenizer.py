@@ -101,3 +101,6 @@ def prompt_ids(model: str | Path, vocab_size: int, seq_len: int | None, prompt_f
     if not text.strip():  # a tokenizer would still give its BOS: a one-token prompt nobody asked for
         raise TokenizerError(f"{prompt_file}: the prompt file is empty ({len(text)} characters, no text)")
     return text_prompt(load_tokenizer(model), text, seq_len, vocab_size=vocab_size)
+
+
+__all__ = ["TOKENIZER_FILE", "TextTokenizer", "TokenizerError", "load_tokenizer", "prompt_ids", "text_prompt"]

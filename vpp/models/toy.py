@@ -71,3 +71,6 @@ class ToyStage(nn.Module):
         if last_token_only:
             h = h[-1:]
         return h @ self.head.T
+
+
+__all__ = ["ToyStage"]

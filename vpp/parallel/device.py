@@ -159,3 +159,6 @@ def get_accelerator(kind: str | None = None, backend: str | None = None) -> Acce
         raise ValueError(f"backend 'gloo' with device {kind!r}: gloo's point-to-point moves CPU tensors only; "
                          f"use {BACKENDS[kind]!r} (or device 'cpu')")
     return Accelerator(kind=kind, backend=backend or BACKENDS[kind])
+
+
+__all__ = ["Accelerator", "BACKENDS", "KINDS", "accelerator_for_backend", "get_accelerator", "npu_available"]

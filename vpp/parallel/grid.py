@@ -101,3 +101,6 @@ def group_of(groups: dict[str, list[tuple[int, ...]]], axis: str, global_rank_: 
         if global_rank_ in members:
             return members
     raise ValueError(f"global rank {global_rank_} is in no {axis} group")
+
+
+__all__ = ["AXES", "Coordinates", "GridSizes", "coordinates", "global_rank", "group_of", "rank_groups"]

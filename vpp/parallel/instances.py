@@ -87,3 +87,6 @@ def initialize_disaggregated(prefill_tp: int, prefill_pp: int, decode_tp: int, d
             mine = (role, built)
     role, groups = mine
     return Disaggregation(role, groups, sizes[0], sizes[1], ranks[0], ranks[1])
+
+
+__all__ = ["Disaggregation", "ROLES", "disaggregated_sizes", "initialize_disaggregated", "instance_ranks"]

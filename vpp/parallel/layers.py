@@ -142,3 +142,6 @@ class ParallelLMHead(nn.Module):
 
     def extra_repr(self) -> str:
         return f"hidden={self.hidden_size}, vocab={self.vocab_size}, rows=[{self.vocab_start}, {self.vocab_end})"
+
+
+__all__ = ["ColumnParallelLinear", "ParallelLMHead", "RowParallelLinear", "VocabParallelEmbedding"]

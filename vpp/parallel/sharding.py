@@ -127,3 +127,9 @@ def load_state(model: nn.Module, get_tensor: Callable[[str], torch.Tensor]) -> N
     """Load every parameter of ``model`` from ``get_tensor(name)`` (unsharded tensors)."""
     for name, _ in model.named_parameters():
         load_param(model, name, get_tensor(name))
+
+
+__all__ = [
+    "ReadSlice", "Shard", "SliceLoader", "load_param", "load_state", "narrowing", "shard_spec_of",
+    "split_size",
+]

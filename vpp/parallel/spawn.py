@@ -344,3 +344,9 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
         return [value]
     return run_distributed(fn, world_size, *args, timeout=timeout, threads=threads, pg_timeout_s=pg_timeout_s,
                            device=device)
+
+
+__all__ = [
+    "RankFailure", "check_device_count", "init_distributed", "launch", "launched_by_torchrun",
+    "run_distributed",
+]

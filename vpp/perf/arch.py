@@ -101,3 +101,6 @@ class Arch:
                    index_heads=cfg["index_n_heads"] if dsa else 0, index_dim=cfg["index_head_dim"] if dsa else 0,
                    index_topk=cfg["index_topk"] if dsa else 0, shared=int(cfg.get("n_shared_experts") or 0),
                    shared_index_layers=shared_index, **common)
+
+
+__all__ = ["ATTENTION_KINDS", "Arch"]

@@ -160,3 +160,9 @@ def get_config(name: str) -> dict:
             return json.load(f)
     raise KeyError(f"unknown model {name!r}: choose one of {sorted(CONFIGS)} (aliases {sorted(ALIASES)}) "
                    f"or give a config.json path")
+
+
+__all__ = [
+    "ALIASES", "ARCHS", "CONFIGS", "DEEPSEEK_V3_1", "GLM_5_2", "LLAMA3_405B", "QWEN3_CODER_30B_A3B",
+    "canonical_name", "get_arch", "get_config",
+]

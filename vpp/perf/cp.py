@@ -248,3 +248,10 @@ def cp_rank_memory(plan, trace, cost: ContextParallelCost) -> list:
                 act = max(act, working_set(arch, par, local, L + c - local if cp > 1 else L) + ring + pp_buf)
         out.append(RankMemory(r, weights, kv, act))
     return out
+
+
+__all__ = [
+    "ContextParallelCost", "RINGS", "RING_ATTENTION_OPS", "Ring", "cp_rank_memory", "cp_weight_bytes",
+    "ep_devices", "full_prefill", "kv_block_bytes", "model_flops", "q_block_bytes", "ring_attention_ops",
+    "straggle",
+]

@@ -168,3 +168,6 @@ def decompose(name: str, plan, trace, cost, *, view: str = "profiler") -> Row:
     chunks = sum(q.num_chunks for q in plan.requests)
     return Row(name, s.makespan, compute, bubble, exposed, chunks, dict(mean_cats), overlap_ratio=overlap,
                bubble_ratio=bubble / s.makespan if s.makespan else 0.0, comm_total=comm_total / n)
+
+
+__all__ = ["COMM_CATEGORIES", "Row", "STALL", "VIEWS", "decompose", "pp_comm_intervals", "rank_categories"]

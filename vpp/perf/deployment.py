@@ -122,3 +122,6 @@ class DeploymentCost:
         if tp == 1:
             return self.device.pp_p2p(msg)
         return self.device.pp_p2p(msg / tp) + self.device.allgather(msg, tp)
+
+
+__all__ = ["DeploymentCost"]

@@ -138,3 +138,6 @@ def handover(arch: Arch, device: Device, prefill: tuple[Parallel, object], decod
     busiest = max(max(recv), max(send))
     bw = (device.cp_link_bw or device.pp_link_bw or device.link_bw) * device.eff_link
     return Handover(total, busiest, device.link_latency + busiest / bw)
+
+
+__all__ = ["DecodeStep", "Handover", "decode_layer_ops", "decode_step", "handover", "rank_bytes", "rank_hops"]

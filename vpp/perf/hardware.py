@@ -192,3 +192,6 @@ def get_device(name: str, calibration: str | None = None) -> Device:
 
 
 _FIELDS = {f.name for f in dataclasses.fields(Device)}
+
+
+__all__ = ["ASCEND_910C", "CPU", "Device", "H100", "H200", "PRESETS", "get_device"]

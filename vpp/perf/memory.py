@@ -121,3 +121,9 @@ def _activation_peak(trace, rank, arch, par, requests, layout) -> float:
         cur += delta
         peak = max(peak, cur)
     return peak
+
+
+__all__ = [
+    "MLA_WORKSPACE_TOKENS", "RankMemory", "kv_bytes_per_token_layer", "layer_weight_bytes", "rank_memory",
+    "working_set",
+]

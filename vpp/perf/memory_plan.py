@@ -88,3 +88,9 @@ def shortfall(plans: list[RankMemoryPlan], available: int, *, shared: bool) -> s
     what = f"{len(plans)} ranks need {need / MIB:.0f} MiB together" if shared else \
         f"rank {busiest.rank} needs {need / MIB:.0f} MiB"
     return f"{what}, {available / MIB:.0f} MiB available; busiest {busiest.describe()}"
+
+
+__all__ = [
+    "CPU_WORKSPACE", "DEVICE_WORKSPACE_SHARE", "IN_FLIGHT", "MIB", "RankMemoryPlan", "plan_memory",
+    "shortfall",
+]

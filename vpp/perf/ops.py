@@ -256,3 +256,9 @@ def head_ops(arch: Arch, tokens: int, par: Parallel) -> list[Op]:
 def pp_message_bytes(arch: Arch, tokens: int, par: Parallel) -> float:
     """Bytes of one chunk's activation handed from one stage to the next (all TP ranks together)."""
     return float(tokens * arch.hidden * par.act_bytes * par.pp_tensors)
+
+
+__all__ = [
+    "KINDS", "Op", "Parallel", "allreduce", "causal_pairs", "dsa_ops", "embed_ops", "ffn_ops", "gemm",
+    "gqa_ops", "head_ops", "layer_ops", "mla_ops", "pp_message_bytes", "sparse_pairs",
+]

@@ -172,3 +172,6 @@ def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = 
         plan = spec.plan(layout, reqs, cost=cost)
     trace = sch.simulate(plan, cost, check=False)
     return Run(decompose(name or strategy, plan, trace, cost), plan, trace, cost, list(reqs))
+
+
+__all__ = ["Run", "STRATEGIES", "SYNC_MODES", "Setup", "dcpp_chunking", "requests_for", "run"]

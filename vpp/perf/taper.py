@@ -50,3 +50,6 @@ def best_taper(evaluate: Callable[[list[int]], float], length: int, budget: int,
             if best is None or score < best[3]:
                 best = (sizes, head, tail, score)
     return best
+
+
+__all__ = ["ALIGN", "HEADS", "TAILS", "best_taper", "tapered_sizes"]

@@ -186,3 +186,9 @@ def _nothing_fits(setup: Setup, length: int, evaluated: list[Result]) -> str:
     return (f"none of {len(evaluated)} configurations of {setup.arch.name} at tp={setup.par.tp} pp={setup.pp} for "
             f"{length} tokens fits in {setup.device.name}'s {gb(setup.device.mem_bytes)}: the smallest needs "
             f"{gb(small.memory)} on its busiest device ({parts}; {small.candidate.describe()})")
+
+
+__all__ = [
+    "Candidate", "NothingFits", "PAPER_CHUNKS", "Result", "candidate_setup", "candidates", "cp_candidates",
+    "evaluate", "paper_best", "tune",
+]

@@ -167,3 +167,6 @@ def build_vpp_async(layout: Layout, requests: Sequence[Request], *, name: str = 
     """
     return build_plan(layout, requests, min_slack=1, comm="async", name=name, request_order=request_order,
                       concurrency=concurrency, steps=steps)
+
+
+__all__ = ["REQUEST_ORDERS", "build_cpp", "build_plan", "build_vpp", "build_vpp_async", "plan_from_orders"]

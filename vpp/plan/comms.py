@@ -98,3 +98,6 @@ def _checked(layout: Layout, orders: Sequence[Sequence[Task]], starts: Mapping[T
                 if starts[t] < ends[d]:
                     raise ValueError(f"nominal start of {t} ({starts[t]}) precedes the end of its input {d} "
                                      f"({ends[d]})")
+
+
+__all__ = ["PLACEMENTS", "check_orders", "insert_comms"]

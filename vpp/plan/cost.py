@@ -162,3 +162,6 @@ class FlopCost(_Comm):
             raise ValueError(f"stage {stage} has no layer count ({len(self.layers_per_stage)} layers_per_stage)")
         per_layer = self.layer_flops(tokens, prefix) / self.flops_per_s + self.launches_per_layer * self.launch_overhead
         return self.weight(stage) * self.layers_per_stage[stage] * per_layer
+
+
+__all__ = ["Cost", "FlopCost", "LinearCost", "TableCost", "seconds_per_token", "step_overhead"]

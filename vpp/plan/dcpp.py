@@ -388,3 +388,10 @@ def _clamp_7896(a: float, b: float) -> tuple[float, float]:
 def _check_variant(variant: str) -> None:
     if variant not in VARIANTS:
         raise ValueError(f"unknown DCPP mode {variant!r}; choose one of {VARIANTS}")
+
+
+__all__ = [
+    "DEFAULT_SMOOTHING", "DEFAULT_VARIANT", "DcppPlanner", "MAX_FIT_CHUNK", "MIN_FIT_POINTS", "REFIT_MIN",
+    "TARGET_SAMPLES", "VARIANTS", "dcpp_requests", "fit_quadratic", "plan_online", "profile_sizes",
+    "profiled_rank", "profiled_stages", "stage_measure",
+]

@@ -88,3 +88,6 @@ def fastest_partition(strategy: str, kind: str, pp: int, candidates: Sequence[Se
                                 embed_time=embed_time, head_time=head_time)
     best = min(range(len(candidates)), key=lambda i: (round(spans[i], 12), i))
     return tuple(int(n) for n in candidates[best])
+
+
+__all__ = ["EdgeTime", "LayerTime", "fastest_partition", "simulated_makespans"]

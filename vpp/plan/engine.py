@@ -231,3 +231,6 @@ class Engine:
             if not moved:
                 raise Stuck({r: self.ptr[r] for r in range(n) if not self.finished[r]})
         return self
+
+
+__all__ = ["Engine", "SEMANTICS", "Stuck", "Transfer"]

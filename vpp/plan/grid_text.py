@@ -39,3 +39,6 @@ def format_grid(plan, mark=None, *, start: int | None = None, stop: int | None =
             under = "".join(("^" * (len(c) + 2) if (rank, i) in marks else "").center(width) for i, c in zip(cols, row))
             lines.append(" " * label + "  " + under.rstrip())
     return "\n".join(lines)
+
+
+__all__ = ["WINDOW", "format_grid"]

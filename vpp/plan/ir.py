@@ -378,3 +378,9 @@ def _parse_piece(text: str) -> tuple[int, int]:
     if not m:
         raise ValueError(f"cannot parse step piece {text!r}; expected e.g. r1.c0")
     return int(m.group(1)), int(m.group(2))
+
+
+__all__ = [
+    "Action", "COMM_MODES", "OPS", "OP_NAMES", "Plan", "Request", "chunk_requests", "compute", "handoff",
+    "link_group", "merge_tail", "recv", "replace_actions", "send",
+]

@@ -126,3 +126,6 @@ def bytes_per_rank(transfers: Sequence[Transfer], row_bytes: dict[str, int]) -> 
     for t in transfers:
         out[t.dst] = out.get(t.dst, 0) + t.length * row_bytes[t.name]
     return out
+
+
+__all__ = ["Holding", "Piece", "Transfer", "bytes_per_rank", "plan_transfers"]

@@ -258,3 +258,6 @@ def _fits(cost, n: int, stages: int, bound: float) -> bool:
             b += 1
         used, a = used + 1, b
     return used <= stages
+
+
+__all__ = ["KINDS", "Layout", "balance", "make_layout", "stage_ranks_for"]

@@ -213,3 +213,10 @@ def nominal_starts(layout: Layout, orders: Sequence[Sequence[Task]], *,
                          for r, t in stuck)
         raise ValueError(f"compute orders cannot run together (a dependency cycle): {what}")
     return {t: e - 1 for t, e in end.items()}
+
+
+__all__ = [
+    "Key", "Task", "admission_gates", "auto_slack", "chunk_sequence", "conflict_free", "default_group",
+    "dependencies", "hop_depths", "last_task", "list_schedule", "nominal_starts", "rank_tasks", "slot_key",
+    "stages_per_rank",
+]

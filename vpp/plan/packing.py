@@ -320,3 +320,6 @@ def packed_chunks(plan: Plan) -> dict[int, int]:
             continue
         out[q.id] = sum(1 for a in acts[:last[prev.id]] if a.request == q.id and a.stage == 0)
     return out
+
+
+__all__ = ["PackingScheduler", "build_vpp_packed", "default_cost", "packed_chunks"]

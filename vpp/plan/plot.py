@@ -55,3 +55,6 @@ def plot_trace(trace: "Trace", path, *, title: str | None = None, unit: str = "s
     fig.tight_layout()
     with atomic_open(path, "wb") as f:  # a new or regular file, replaced whole
         fig.savefig(f, dpi=120, format=os.path.splitext(os.fspath(path))[1].lstrip(".") or "png")
+
+
+__all__ = ["plot_trace"]

@@ -175,3 +175,6 @@ def _descend(starts: list[list[int]], cuts: list[int], n: int, score) -> tuple[i
                     if s < best_score:
                         best, best_score, improved = trial, s, True
     return _from_bounds(best, n)
+
+
+__all__ = ["EXACT_LIMIT", "balance_ranks", "balanced_candidates", "rank_loads", "stage_costs"]

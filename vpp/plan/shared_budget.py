@@ -106,3 +106,6 @@ def shared_budget_stream(lengths: Iterable[int], budget: int, *, planner: DcppPl
         for q, n in step:
             sizes[q].append(n)
     return [Request(first_id + i, tuple(s), a) for i, (s, a) in enumerate(zip(sizes, arrivals))], steps
+
+
+__all__ = ["OnStep", "shared_budget_requests", "shared_budget_steps", "shared_budget_stream"]

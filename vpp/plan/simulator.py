@@ -53,3 +53,6 @@ def simulate(plan: Plan, cost: Cost, *, check: bool = True) -> Trace:
     if plan.concurrency is not None:
         meta["concurrency"] = plan.concurrency
     return Trace(plan.num_ranks, tuple(spans), meta)
+
+
+__all__ = ["simulate"]

@@ -38,3 +38,6 @@ class Span:
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+__all__ = ["KINDS", "Span"]

@@ -109,3 +109,6 @@ def build_with_steps(build: Callable[..., Plan], layout: Layout, requests: Seque
     gates = step_gates(layout, requests, steps, concurrency)
     return expand_steps(build(layout, [step_request(requests, steps)], gates=gates, **kw), requests, steps,
                         concurrency=concurrency)
+
+
+__all__ = ["Piece", "build_with_steps", "check_steps", "expand_steps", "step_gates", "step_request"]

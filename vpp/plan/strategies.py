@@ -134,3 +134,6 @@ def parse(text: str | Sequence[str], among: Sequence[str] | None = None) -> tupl
     for n in names:
         get(n, among)
     return tuple(names)
+
+
+__all__ = ["Builder", "CONTENDERS", "PIPELINE", "PLANNED", "STRATEGIES", "Strategy", "get", "parse"]

@@ -156,3 +156,9 @@ def live_requests(trace: Trace, plan: Plan, *, free: str = "request") -> int:
             live += step
             most = max(most, live)
     return most
+
+
+__all__ = [
+    "StreamStats", "admission_times", "drain_idle", "drain_windows", "live_requests", "percentile",
+    "request_done_times", "request_ttft", "stream_stats",
+]

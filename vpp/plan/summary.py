@@ -237,3 +237,9 @@ def format_summaries(summaries: dict[str, Summary], *, unit: str = "s") -> str:
 
 def summaries_json(summaries: dict[str, Summary], **extra) -> str:
     return json.dumps({"plans": {n: s.to_dict() for n, s in summaries.items()}, **extra}, indent=2)
+
+
+__all__ = [
+    "ROWS", "Summary", "empty_intervals", "format_summaries", "split_blocked", "summaries_json", "summarize",
+    "timeline", "trace_arrivals",
+]

@@ -191,3 +191,6 @@ def _check_progress(plan: Plan, semantics: str) -> None:
                 parts.append(f"rank {r} step {i} {what}")
         marks = [(r, min(i, len(plan.actions[r]) - 1)) for r, i in e.blocked.items() if plan.actions[r]]
         raise PlanError(plan, f"deadlock under {semantics} semantics: " + "; ".join(parts), marks) from None
+
+
+__all__ = ["PlanError", "verify"]

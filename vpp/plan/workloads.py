@@ -144,3 +144,9 @@ def mixed(scale: float = 32, seed: int = 0, n: int = 500, concurrency: int | Non
     """``n`` requests with heavy-tailed lengths (the published statistics), ``concurrency`` in flight."""
     lengths = tuple(scaled(x, scale) for x in mixed_lengths(n, seed))
     return Workload("mixed", lengths, poisson_arrivals(n, rate, seed), concurrency, int(scale))
+
+
+__all__ = [
+    "LONG_LENGTHS", "MIXED_MU", "MIXED_SIGMA", "MIXED_STATS", "SHORT_LENGTHS", "Workload", "long", "mixed",
+    "mixed_lengths", "poisson_arrivals", "scaled", "short",
+]

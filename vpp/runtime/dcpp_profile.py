@@ -76,3 +76,6 @@ def forward_dcpp_prefill(stages, input_ids, budget: int, groups: ParallelGroups,
 
     planner = planner or profile_planner(stages, groups, budget, variant=variant)
     return forward_prefill(stages, input_ids, planner.chunk_sizes, groups, schedule="dcpp", **kw)
+
+
+__all__ = ["PROFILE_REQUEST", "forward_dcpp_prefill", "profile_planner", "stage_timer"]

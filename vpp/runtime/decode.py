@@ -113,3 +113,6 @@ def _broadcast(pipe: "Pipeline", local: torch.Tensor | None, batch: int, watchdo
     work = dist.broadcast(buf, src=groups.pp.global_rank(owner), group=groups.pp.pg, async_op=True)
     watchdog.wait(work, "the broadcast of the next-token logits", owner)
     return buf.cpu()
+
+
+__all__ = ["broadcast_logits", "decode_step", "run_stage_decode"]

@@ -451,3 +451,9 @@ class EmulatedRun:
 def emulate(plan: Plan, cost, **kw) -> EmulationResult:
     """Run ``plan`` with the real executor on an emulated device (see :class:`EmulatedRun`)."""
     return EmulatedRun(plan, cost, **kw).run()
+
+
+__all__ = [
+    "EmulatedDevice", "EmulatedOps", "EmulatedRun", "EmulatedStage", "EmulationError", "EmulationResult",
+    "HostWaitingOps", "RankCounters", "emulate",
+]

@@ -118,3 +118,9 @@ def warm_pair_communicators(groups: ParallelGroups, peers: Iterable[int], ops) -
             group = groups.pp_channel(src, dst)
             work = ops.isend(one, dst, group) if src == me else ops.irecv(torch.empty(1, device=groups.device), src, group)
             ops.order_after(work)
+
+
+__all__ = [
+    "RUN_AHEAD_COMPUTES", "STREAM_ORDERED_BACKENDS", "StreamOps", "neighbours", "orders_on_device",
+    "stream_ops_for", "warm_pair_communicators",
+]

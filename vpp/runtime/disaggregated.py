@@ -62,3 +62,6 @@ def generate_disaggregated(pipe: Pipeline, link: Disaggregation, prompts: Any, m
     for q in generated:
         pipe.release(q)
     return Generation(generated, payload["ttft_s"], decode_s, steps, report.seconds)
+
+
+__all__ = ["generate_disaggregated"]

@@ -382,3 +382,6 @@ class Executor:
             raise RuntimeError(f"{self.sends.live} sends still in flight after the end of the plan")
         end = self._now()
         return end - start
+
+
+__all__ = ["ExecutionResult", "Executor"]

@@ -86,3 +86,6 @@ def check_logits(logits: torch.Tensor, requests: Sequence[Hashable]) -> list[Has
     """The requests whose rows of ``logits`` [B, vocab] hold a NaN or an Inf."""
     bad = (~torch.isfinite(logits.reshape(len(requests), -1))).any(-1).tolist()
     return [q for q, b in zip(requests, bad) if b]
+
+
+__all__ = ["FiniteWatch", "NonFiniteError", "check_logits", "first_nonfinite", "raise_nonfinite"]

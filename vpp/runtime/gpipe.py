@@ -53,3 +53,6 @@ def gpipe_prefill(stage: nn.Module, input_ids: torch.Tensor | None, chunk_size: 
     if stage.is_last:
         return out[-1]
     return None
+
+
+__all__ = ["gpipe_prefill"]

@@ -202,3 +202,6 @@ def install_caches(pipe, request: Hashable, tensors: dict[str, torch.Tensor], to
         stage.reserve(request, tokens)
         start, end = stage.layer_range
         stage.import_cache(request, {k: v for k, v in tensors.items() if start <= int(k.split(".")[2]) < end})
+
+
+__all__ = ["HandoverInfo", "HandoverReport", "hand_over", "install_caches", "local_caches", "pieces_of"]

@@ -161,3 +161,9 @@ def prompt_lengths(infos: list[RankInfo]) -> tuple[int, ...]:
     if len(found) > 1:
         raise ValueError(f"ranks holding stage 0 were given different prompts (lengths {sorted(found)})")
     return found.pop()
+
+
+__all__ = [
+    "RankInfo", "StageInfo", "check_prompt", "describe_stage", "disagreement", "exchange", "first_problem",
+    "pipeline_of", "plan_digest", "prompt_lengths", "prompts_digest",
+]

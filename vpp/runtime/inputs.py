@@ -97,3 +97,9 @@ def as_prompts(input_ids: Any) -> tuple[list[torch.Tensor] | None, str | None]:
             return None, (f"prompt {i} must be a 1-D tensor of token ids or a non-empty list of ints; got "
                           f"{type(item).__name__} {str(item)[:40]}")
     return prompts, None
+
+
+__all__ = [
+    "Chunking", "as_prompts", "check_chunking", "check_request_ids", "check_sizes", "check_timeout",
+    "is_count",
+]

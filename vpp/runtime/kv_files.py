@@ -146,3 +146,6 @@ def load_cache(pipe, request: Hashable, directory: str, *, reserve: int = 0) -> 
         opened.clear()
     install_caches(pipe, request, tensors, int(manifest["tokens"]) + reserve)
     return manifest
+
+
+__all__ = ["FORMAT", "load_cache", "read_manifest", "save_cache"]

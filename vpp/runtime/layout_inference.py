@@ -43,3 +43,6 @@ def check_stage_shapes(pipeline: Sequence[handshake.RankInfo]) -> None:
         detail = {r: [(list(st.layer_range), st.hidden_size, st.dtype) for st in info.stages]
                   for r, info in enumerate(pipeline)}
         raise ValueError(f"stages disagree on (hidden size, dtype): {detail}")
+
+
+__all__ = ["check_stage_shapes", "infer_layout"]

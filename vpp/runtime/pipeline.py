@@ -360,3 +360,6 @@ def requests_for(lengths: Sequence[int], chunk_size: inputs.Chunking, ids: Seque
             what = f"the {n} tokens after its {c} cached ones need covering" if c else f"the prompt has {n} tokens"
             raise ValueError(f"request {q}: chunk sizes sum to {sum(s)} but {what}")
     return [Request(q, s, a, c) for q, s, a, c in zip(ids, sizes, arrivals, cached)]
+
+
+__all__ = ["Generation", "PLAN_CACHE", "Pipeline", "PromptInfo", "cached_counts", "requests_for"]

@@ -24,3 +24,6 @@ class PrefillOutput:
     result: ExecutionResult
     trace: Trace | None
     wall_s: float
+
+
+__all__ = ["PrefillOutput"]

@@ -65,3 +65,6 @@ class Sampler:
         if self.greedy:
             return logits.float().argmax(-1).cpu()
         return torch.multinomial(self.probabilities(logits), 1, generator=self.generator)[:, 0]
+
+
+__all__ = ["Sampler"]

@@ -97,3 +97,6 @@ class SendQueue:
         if self._reaper is not None:
             # a send abandoned after a failure may still block its thread (a daemon): do not join it
             self._reaper.shutdown()
+
+
+__all__ = ["SendQueue"]

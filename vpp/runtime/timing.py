@@ -76,3 +76,6 @@ class ComputeTimer:
                 self._spans.append(Span(self.rank, "compute", t0, t1, stage, request, chunk))
             self._pending.clear()
         return list(self._spans)
+
+
+__all__ = ["ComputeTimer"]

@@ -24,3 +24,6 @@ def gather_trace(result: ExecutionResult, groups: ParallelGroups, plan: Plan, *,
     meta = dict(result.meta, layout=plan.layout.describe(), requests=[list(q.chunk_sizes) for q in plan.requests],
                 arrivals=[[q.id, q.arrival] for q in plan.requests])
     return Trace(groups.pp.size, tuple(spans), meta)
+
+
+__all__ = ["gather_trace"]

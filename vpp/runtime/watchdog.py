@@ -315,3 +315,9 @@ def rendezvous(what: str, me: int, world, *, timeout_s: float, poll_s: float = 0
             raise ExecutionError(f"global rank {me} waited {timeout_s:g}s at {what} for global rank(s) {missing}, "
                                  f"which never arrived", rank=None, action=what, global_rank=missing[0])
         time.sleep(poll_s)
+
+
+__all__ = [
+    "DaemonExecutor", "ExecutionError", "POLLABLE_BACKENDS", "Watchdog", "WorkWatch", "default_store",
+    "polls_completion", "rendezvous",
+]

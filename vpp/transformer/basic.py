@@ -32,3 +32,6 @@ def linear(in_features: int, out_features: int, *, bias: bool = False,
     layer = nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype, device=device)
     layer.requires_grad_(False)
     return layer
+
+
+__all__ = ["RMSNorm", "linear"]

@@ -50,3 +50,6 @@ class DenseMLP(nn.Module):
         """Queue this block's tensors on ``loader`` (the MoE loads its shared expert this way)."""
         for name, param in self.named_parameters():
             loader.copy(param, prefix + name, shard_spec_of(self, name))
+
+
+__all__ = ["DenseMLP"]

@@ -67,3 +67,6 @@ class MoEConfig:
                 f"top_k={self.top_k} must lie in 1..{eligible} (topk_group={self.topk_group} groups of "
                 f"{self.num_experts // self.n_group} experts)"
             )
+
+
+__all__ = ["ACTIVATIONS", "MoEConfig"]

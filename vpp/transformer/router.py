@@ -95,3 +95,6 @@ class Router(nn.Module):
         c = self.cfg
         return (f"experts={c.num_experts}, top_k={c.top_k}, scoring={c.scoring}, groups={c.topk_group}/{c.n_group}, "
                 f"bias={c.correction_bias}, scale={c.routed_scaling_factor}")
+
+
+__all__ = ["Router", "sigmoid_group_topk", "softmax_topk"]

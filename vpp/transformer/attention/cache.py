@@ -127,3 +127,6 @@ class RequestCache:
         """Bytes allocated for ``request``'s cache, or for every request's (None)."""
         entries = self._entries.values() if request is None else [self._entries.get(request, {})]
         return sum(b.nbytes for entry in entries for b in entry.values())
+
+
+__all__ = ["GrowingBuffer", "RequestCache"]

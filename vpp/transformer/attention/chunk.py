@@ -44,3 +44,6 @@ class Batch:
     @property
     def size(self) -> int:
         return len(self.rows)
+
+
+__all__ = ["Batch", "Chunk"]

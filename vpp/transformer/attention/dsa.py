@@ -115,3 +115,6 @@ def sparse_latent_attention(q: torch.Tensor, latent: torch.Tensor, topk: torch.T
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out.append(probs @ rows[..., :value_dim])
     return torch.cat(out)
+
+
+__all__ = ["DSASpec", "Indexer", "sparse_latent_attention"]

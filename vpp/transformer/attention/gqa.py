@@ -87,3 +87,6 @@ class GQAttention(nn.Module):
         """Append one request's new K/V and attend its queries over its cache. Returns [c, heads, d]."""
         kv = self.cache.append(chunk.request, chunk.offset, k=k.transpose(0, 1), v=v.transpose(0, 1))
         return causal_attention(q.transpose(0, 1), kv["k"], kv["v"], self.scale).transpose(0, 1)
+
+
+__all__ = ["GQAttention", "KVHeadLinear", "kv_head_shard"]

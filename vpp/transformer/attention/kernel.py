@@ -304,3 +304,10 @@ def _npu_lse(q, k, v, scale, causal):
 def _npu_causal_mask(device: torch.device) -> torch.Tensor:
     # sparse_mode 3 takes the compressed 2048 x 2048 upper-triangular mask (True = masked)
     return torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1)
+
+
+__all__ = [
+    "FLASH_MAX_WIDTH", "Kernel", "MATH_BLOCK", "NPU_FA_DTYPES", "NPU_FA_MAX_WIDTH", "NPU_FA_WIDTH_ALIGN",
+    "Partial", "attention_lse", "causal_attention", "kernel_for", "lse_kernel_for", "math_lse",
+    "merge_partials", "npu_attention_route", "sdpa_route",
+]

@@ -225,3 +225,6 @@ def _merge_rows(acc, part, first: int):
     out, lse = merge_partials((acc[0][:, first:], acc[1][:, first:]), part)
     acc[0][:, first:], acc[1][:, first:] = out, lse
     return acc
+
+
+__all__ = ["MLASpec", "MLAttention"]

@@ -129,3 +129,6 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     cos, sin = cos[:, None, :half], sin[:, None, :half]
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+__all__ = ["ROPE_TYPES", "RopeSpec", "RotaryEmbedding", "apply_rope", "apply_rope_interleaved"]

@@ -57,3 +57,8 @@ def set_workspace_bytes(model: nn.Module, nbytes: int | None) -> int:
             m.workspace_bytes = nbytes
             count += 1
     return count
+
+
+__all__ = [
+    "CPU_BUDGET", "DEVICE_SHARE", "UsesWorkspace", "default_budget", "rows_per_block", "set_workspace_bytes",
+]
