@@ -24,7 +24,7 @@ import torch
 from vpp.parallel.device import Accelerator
 from vpp.parallel.grid import GridSizes
 from vpp.parallel.groups import Group, ParallelGroups
-from vpp.runtime.device_order import RUN_AHEAD_COMPUTES  # noqa: F401  (reported with the counters)
+from vpp.runtime.device_order import RUN_AHEAD_COMPUTES, StreamOps  # noqa: F401  (RUN_AHEAD_COMPUTES: reported with the counters)
 
 
 class _HostEvent:
@@ -138,12 +138,13 @@ class Hub:
         self.module.current_stream(self.device).wait_event(work.done)
 
 
-class LoopbackOps:
-    """:class:`vpp.runtime.device_order.StreamOps`'s primitives over a :class:`Hub`."""
+class LoopbackOps(StreamOps):
+    """:class:`vpp.runtime.device_order.StreamOps` with its transfers over a :class:`Hub` (events, the
+    host's waits and the ordering are the real device path's)."""
 
     def __init__(self, hub: Hub, rank: int, groups: ParallelGroups):
+        super().__init__(hub.module)
         self.hub, self.rank, self.groups = hub, rank, groups
-        self.host_compute_waits = self.end_waits = 0
 
     def _channel(self, group):
         return "up" if group is self.groups.pp_up else "down"
@@ -153,28 +154,6 @@ class LoopbackOps:
 
     def irecv(self, buf, peer, group):
         return self.hub.post(self.rank, "recv", buf, peer, self._channel(group))
-
-    def order_after(self, work):
-        work.wait()
-
-    def mark(self):
-        event = self.hub.module.Event()
-        event.record()
-        return event
-
-    def is_done(self, handle):
-        return bool(handle.query() if hasattr(handle, "query") else handle.is_completed())
-
-    def host_wait(self, event, check, *, end=False):
-        if end:
-            self.end_waits += 1
-        else:
-            self.host_compute_waits += 1
-        pause = 1e-5
-        while not event.query():
-            check()
-            time.sleep(pause)
-            pause = min(2 * pause, 1e-3)
 
 
 class TimedStage(torch.nn.Module):
