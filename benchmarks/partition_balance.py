@@ -65,11 +65,11 @@ def _rank_note(args) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny-deepseek")
-    ap.add_argument("--seq-len", type=int, default=16384)
-    ap.add_argument("--chunk", type=int, default=1024)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--model", default="tiny-deepseek", help="built-in model name or model directory")
+    ap.add_argument("--seq-len", type=int, default=8192, help="prompt tokens (vpp prefill's default)")
+    ap.add_argument("--chunk", type=int, default=2048, help="tokens per chunk (vpp prefill's default)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for partition_balance.md/.json")
     args = ap.parse_args(argv)
     from vpp.parallel import launch
     load0, t0 = os.getloadavg()[0], time.time()
