@@ -167,3 +167,20 @@ def test_every_script_has_a_run():
             missing.append(script)
     assert not missing, f"scripts no test runs: {missing} (add a small-mode run to tests/test_scripts.py)"
     assert not covered & set(PENDING), f"now covered, remove from PENDING: {sorted(covered & set(PENDING))}"
+
+
+@pytest.mark.slow
+def test_a_benchmark_runs_as_a_file_from_anywhere(tmp_path):
+    """``python benchmarks/NAME.py`` works as well as ``-m``: an editable install of this checkout
+    (``pip install -e .``, what the README's test command does) provides the ``benchmarks`` package, so a
+    script run by its path, from another directory and with no PYTHONPATH, finds its siblings. Without
+    that install (e.g. the suite run on PYTHONPATH alone) there is nothing to check."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = subprocess.run([sys.executable, "-c", "import benchmarks, os; print(os.path.dirname(benchmarks.__file__))"],
+                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    if where.returncode != 0 or pathlib.Path(where.stdout.strip()).resolve() != ROOT / "benchmarks":
+        pytest.skip(f"benchmarks is not installed from {ROOT} (pip install -e .): {where.stdout.strip() or where.stderr[-200:]}")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "paper_repro.py"), "--quick", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "paper_repro.json").read_text())["summary"]["cells"] > 0
