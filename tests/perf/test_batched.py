@@ -143,6 +143,7 @@ def stream_setup(**kw):
 
 def test_a_stream_of_one_request_per_step_is_unchanged():
     w = Workload("w", (1024, 2048, 1024), (0.0,) * 3, 3)   # every prompt a multiple of the budget
+    assert all(len(g) == 1 for g in shared_budget_stream(w.lengths, 1024)[1])
     for strategy in ("cpp", "dcpp", "vpp-async"):
         on, off = serve(stream_setup(batched_steps=True), w, strategy, 1024), serve(stream_setup(), w, strategy, 1024)
         assert on.stats.makespan == off.stats.makespan and on.stats.ttft == off.stats.ttft, strategy
@@ -153,6 +154,25 @@ def test_batched_streams_run_faster_where_steps_are_shared():
     for strategy in ("cpp", "dcpp", "vpp-async"):
         on, off = serve(stream_setup(batched_steps=True), w, strategy, 1024), serve(stream_setup(), w, strategy, 1024)
         assert on.stats.makespan < off.stats.makespan, strategy
+
+
+def test_dcpp_calibrates_on_the_batched_step_time(monkeypatch):
+    from vpp.perf.runs import dcpp_chunking
+    from vpp.plan.dcpp import DcppPlanner, profiled_stages
+
+    seen = []
+    observe = DcppPlanner.observe_step
+    monkeypatch.setattr(DcppPlanner, "observe_step", lambda self, shapes, t: (seen.append((list(shapes), t)),
+                                                                               observe(self, shapes, t))[1])
+    setup = stream_setup(batched_steps=True)
+    layout = setup.layout("loop")
+    cost = setup.cost(layout, "dcpp")
+    dcpp_chunking(setup, [3000, 700, 400, 5000], 2048, cost, layout, with_steps=True)
+    stages = profiled_stages(layout, setup.dcpp_variant)
+    shared = [(shapes, t) for shapes, t in seen if len(shapes) > 1]
+    assert shared, seen
+    for shapes, t in shared:      # each timed step synced once, before its first piece
+        assert t == pytest.approx(sum(expected_step(cost, s, shapes, stall=True) for s in stages), rel=1e-12)
 
 
 def test_context_parallel_batched_steps_are_refused():
