@@ -28,11 +28,9 @@ OVERLAP = ("how long VPP-Async's posted receives are in flight: the model posts 
 GQA = ("a DCPP cost growing with prefix x steps on GQA (Qwen); no per-step constant fits both 128K and 512K "
        "(section 5)")
 CHUNK = ("a per-chunk cost that no schedule hides (section 5 gives the window per cell that would make 24K best)")
-STREAM = ("the streams: vLLM's shared token budget is modelled (each request's piece of a step is its own stage "
-          "call, so a prompt shorter than the budget stays one chunk); on one-chunk prompts VPP + packing packs only "
-          "every second request (the next stage 0 overruns the window by its embedding, on DeepSeek by a layer); "
-          "packing on Algorithm 2's own law packs them all on Qwen / GLM but widens the mixed gains (section 7); "
-          "vLLM runs a step's prompts as one forward, the model one stage call per prompt")
+STREAM = ("the streams: vLLM's shared token budget and one forward per shared step are modelled (section 7 scores "
+          "each switched off); under shared steps a stream runs as one sequence of steps, so VPP + packing is "
+          "VPP-Async there and the paper's packing has no counterpart in the model")
 ATTN = "attention efficiency by chunk size: VPP's 24K calls would have to run ~2% slower than DCPP's ~4.6K calls"
 PACKING = ("the packer's gain: in the model packing removes no bubble in the 3 x 256K ablation (its gain comes "
            "from communication), the paper's removes a third of the cross-request bubble")

@@ -23,13 +23,12 @@ import time
 from benchmarks._report import figure, kib, md_table, save
 from benchmarks import cell_status as CS, cells as C, paper_cells as PC, paper_misses as PM, paper_whatif as PW
 from benchmarks import paper_dcpp_steps as PDS
+from benchmarks.paper_streams import section_streams, streams
 from vpp.bench import paper
-from vpp.bench.serving import best_budget, compare
 from vpp.bench.sweep import MODELS, at, best, fitted_setups, sweep
 from vpp.perf.decompose import decompose, rank_categories
 from vpp.perf.runs import run
 from vpp.plan import strategies
-from vpp.plan.workloads import long as long_stream, mixed, short
 
 STRATS = strategies.PLANNED
 SWEPT = ("cpp", "dcpp", "vpp-async")   # the strategies the sweep cells read
@@ -63,9 +62,15 @@ MECHANISMS = (
      "Ascend profiler step trace; vLLM's CPU-side metadata exchange", "none; both views in sections 4 and 5"),
     ("shared token budget in streams", "each step carries up to the budget: the rest of the running request, then "
      "the first chunks of the next ones; DCPP's time budget shared the same way (vpp/plan/shared_budget.py, "
-     "issue 20); each request's piece of a step is its own stage call", "vLLM scheduler (running, then waiting "
-     "requests while the token budget lasts); vLLM-Ascend #9900 (shared time budget)",
-     "none; on in the streams (Setup.shared_budget), section 7 scores the streams with it off"),
+     "issue 20)", "vLLM scheduler (running, then waiting requests while the token budget lasts); vLLM-Ascend "
+     "#9900 (shared time budget)", "none; on in the streams (Setup.shared_budget), section 7 scores the streams "
+     "with it off"),
+    ("batched steps in streams", "a shared step is one forward: GEMMs, MoE, norms and TP collectives once on the "
+     "step's tokens (weights read once, one launch, one all-reduce per collective), attention per piece over its "
+     "own prefix, launches and per-step costs once; each piece's COMPUTE gets its own attention plus a token share "
+     "of the rest (vpp/perf/batched.py)", "vLLM / vLLM-Ascend model runner (one forward per scheduled batch, "
+     "variable-length attention)", "none; on in the streams (Setup.batched_steps), section 7 scores the streams "
+     "with one stage call per piece"),
 )
 FIT_CELLS = {"eff_attn": ("Table 1", "CPP computation"), "eff_link": ("Table 1", "CPP exposed comm."),
              "host_step": ("Table 2(c)", "DCPP Launch stall")}
@@ -106,24 +111,6 @@ def scored_cells(setups, points, stream_results) -> tuple[list, list]:
         ms = moved_setups(setups, constant)
         moved[constant] = (key, model_cells(ms, sweep(ms, SWEPT, paper.LENGTHS, paper.CHUNKS)))
     return CS.dedupe(CS.assign(base, moved))
-
-
-def streams(setups, quick: bool, shared_budget: bool = True) -> dict:
-    """The Fig. 3 streams, each strategy at its best budget; ``shared_budget``: vLLM's shared token budget
-    (:mod:`vpp.plan.shared_budget`), the adopted model."""
-    setups = {m: st.replace(shared_budget=shared_budget) for m, st in setups.items()}
-    workloads = {"mixed": mixed(scale=1)}
-    for n in (4096, 8192, 16384):
-        workloads[f"short-{n // 1024}K"] = short(scale=1, length=n)
-    if not quick:
-        workloads["long"] = long_stream(scale=1, lengths=paper.LENGTHS[:4])
-    out = {}
-    for m in MODELS:
-        for w, wl in workloads.items():
-            rows = compare(setups[m], wl)
-            rows["vpp-packed/rank"] = best_budget(setups[m], wl, "vpp-packed", per_rank=True)
-            out[(m, w)] = rows
-    return out
 
 
 def section_view() -> str:
@@ -300,52 +287,6 @@ def section_sweep(points) -> str:
     return "\n".join(lines)
 
 
-def section_stream_switches(results, off, eq2) -> str:
-    """The Fig. 3 cells as adopted (shared token budget, packing estimated on the deployment's cost model),
-    with one prompt per step, and with packing estimated on Algorithm 2's own law."""
-    if off is None or eq2 is None:
-        return "(stream switches: full run only)"
-    cols = [PC.stream_cells(r) for r in (results, off, eq2)]
-    body = [[c.section, c.row, C._fmt(c.paper, c.unit)]
-            + [x for o in row for x in (C._fmt(o.model, o.unit), "yes" if o.within else "no")]
-            for row in zip(*cols) for c in [row[0]]]
-    n = [sum(bool(c.within) for c in col) for col in cols]
-    moved = lambda a, b, fig: [y.model - x.model for x, y in zip(a, b) if x.section == fig and None not in (x.model, y.model)]
-    mixed = moved(cols[0], cols[2], "Fig. 3 mixed")
-    short = moved(cols[0], cols[2], "Fig. 3 short")
-    return "\n".join([
-        f"**Two switches on the streams**: within {n[0]} of {len(cols[0])} as adopted (vLLM's shared token budget, "
-        f"packing estimated on the deployment's cost model), {n[1]} with one prompt per step, {n[2]} with packing "
-        "estimated on Algorithm 2's own law (tau_k = (k + 1) t, the paper's Sec. 5). Each request's piece of a "
-        "shared step is its own stage call (vpp/plan/shared_budget.py), so a prompt shorter than the budget is "
-        "one chunk either way: the budget moves only the mixed stream. On one-chunk prompts the cost-model "
-        "packer places the next request's stage 0 only where it delays nothing, and stage 0 (the embedding, and "
-        "on DeepSeek one layer more) overruns the window the previous request leaves, so only every second "
-        "request packs; Algorithm 2's law packs them on Qwen and GLM (the short cells move by "
-        f"{min(short):+.1f} to {max(short):+.1f} points) but widens the mixed-stream gains "
-        f"({min(mixed):+.1f} to {max(mixed):+.1f} points).", "",
-        md_table(["figure", "quantity", "paper", "adopted", "within", "one prompt per step", "within",
-                  "packing on Eq. 2", "within"], body), ""])
-
-
-def section_streams(results, off=None, eq2=None) -> str:
-    lines = ["## 7. Request streams at paper scale (Fig. 3 workloads)", "",
-             "Each strategy at its best budget (highest throughput); TTFT from hand-over (median / p90, s); "
-             "throughput in tokens/s. VPP = VPP-Async + packing (the paper's full method, scored in section 3); "
-             "'per-rank V' is the same on a V balanced per rank (rank 0 carries the embedding and the head). "
-             "Every strategy fills its steps under vLLM's shared token budget (vpp/plan/shared_budget.py; DCPP "
-             "with vLLM-Ascend's shared time budget and its online calibration over the first steps).", "",
-             section_stream_switches(results, off, eq2), ""]
-    label = lambda s: "VPP-Async + packing, per-rank V" if s == "vpp-packed/rank" else LABEL[s]
-    for (model, wl), rows in results.items():
-        body = [[label(s), kib(r.chunk), r.chunks, r.stats.ttft_median, r.stats.ttft_p90, f"{r.stats.throughput:.0f}",
-                 f"{100 * (r.stats.throughput / rows['cpp'].stats.throughput - 1):+.1f}%",
-                 f"{100 * (r.stats.throughput / rows['dcpp'].stats.throughput - 1):+.1f}%"] for s, r in rows.items()]
-        lines += [f"{model}, {wl}:", "", md_table(["strategy", "budget", "chunks", "TTFT median", "TTFT p90",
-                                                   "throughput", "vs CPP", "vs DCPP"], body), ""]
-    return "\n".join(lines)
-
-
 def figures(setups, points, runs, out) -> list[str]:
     paths = []
     ds = setups["deepseek-v3.1"]
@@ -396,13 +337,14 @@ def main(argv=None) -> int:
     points = sweep(setups, list(STRATS), paper.LENGTHS, paper.CHUNKS)
     results = streams(setups, args.quick)
     off = None if args.quick else streams(setups, True, shared_budget=False)
+    calls = None if args.quick else streams(setups, True, batched=False)
     eq2 = None if args.quick else streams({m: st.replace(packing_estimate="eq2") for m, st in setups.items()}, True)
     cells, dropped = scored_cells(setups, points, results)
     score = C.summary(cells)
     parts = ["# VPP paper reproduction (simulated, paper scale)", "", "Command: `python -m benchmarks.paper_repro`.", "",
              section_constants(setups["deepseek-v3.1"].device), section_view(), section_mechanisms(fit),
              section_cells(cells, dropped, score), PM.section(cells), section_simulator_view(runs, setups), diagnostics(setups, runs, points, not args.quick),
-             section_sweep(points), section_streams(results, off, eq2)]
+             section_sweep(points), section_streams(results, off, calls, eq2)]
     if not args.quick:
         parts += ["Figures: " + ", ".join(os.path.basename(p) for p in figures(setups, points, runs, args.out)), ""]
     if os.path.exists(NOTES):

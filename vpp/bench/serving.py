@@ -17,9 +17,11 @@ highest throughput (the paper's rule: each strategy at its best budget).
 With ``setup.shared_budget`` (:class:`vpp.perf.runs.Setup`) every strategy fills its steps as vLLM's
 scheduler does (:mod:`vpp.plan.shared_budget`): a step carries the rest of the running request, then
 the first chunks of the next ones, up to the budget; DCPP shares vLLM-Ascend's time budget the same way
-and calibrates online on each step's time. A step is one pipeline step (:mod:`vpp.plan.steps`): its
-pieces run back to back on each stage, with one hand-over and one per-step overhead for the step, so
-short prompts share a step's fixed costs. ``setup.packing_estimate``
+and calibrates online on each step's time. A step is one pipeline step (:mod:`vpp.plan.steps`): one
+hand-over for the step; its pieces run back to back on each stage, each its own call with one per-step
+overhead for the step, or with ``setup.batched_steps`` as one forward (:mod:`vpp.perf.batched`: GEMMs,
+MoE, norms and TP collectives once on the step's tokens, attention per piece), so short prompts share
+a step's fixed costs. ``setup.packing_estimate``
 says what VPP + packing estimates its drain windows with: this deployment's cost model (``"cost"``,
 default) or Algorithm 2's own law, tau_k = (k + 1) t (``"eq2"``, :func:`vpp.plan.packing.default_cost`).
 """

@@ -186,7 +186,7 @@ class ContextParallelCost(DeploymentCost):
         layer = self._example[kind]
         q = self.local_tokens(tokens)
         local = [op for op in layer_ops(self.arch, layer, q, 0, self.par) if op.name not in RING_ATTENTION_OPS]
-        out = self._ops_breakdown(local + ring_attention_ops(self.arch, tokens, prefix, self.par, self.cp))
+        out = self.ops_breakdown(local + ring_attention_ops(self.arch, tokens, prefix, self.par, self.cp))
         out["cp_comm"] += self.ring_of(layer, tokens, prefix).exposed
         if self.arch.is_moe(layer):
             rows = q / self.par.tp * self.arch.top_k          # this device's share of its rank's token-expert rows

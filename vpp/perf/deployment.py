@@ -11,7 +11,10 @@
 * ``transfer(tokens)`` -- one PP hand-over: each of the ``tp`` ranks sends its 1/tp slice of the
   activation (``pp_tensors`` tensors of width hidden) and the receiving group all-gathers it (vLLM's
   ``send_tensor_dict(..., all_gather_group=tp_group)``);
-* ``overlap`` -- ``device.pp_overlap``.
+* ``overlap`` -- ``device.pp_overlap``;
+* ``step_compute(stage, shapes)`` -- the pieces of one step shared by requests: each its own call
+  (as ``compute``, the per-step overhead paid once), or with ``batched_steps`` one forward on the step's
+  tokens, attention per piece (:mod:`.batched`), its time shared among the pieces.
 
 ``breakdown(stage, tokens, prefix)`` splits ``compute`` into the op categories of :mod:`.ops` plus
 ``launch`` (kernel launches) and ``step`` (per-call overhead); ``tp_comm`` is the part the paper's
@@ -23,6 +26,9 @@ from __future__ import annotations
 from collections import defaultdict
 from functools import lru_cache
 
+from vpp.plan.cost import separate_calls
+
+from . import batched
 from .arch import Arch
 from .hardware import Device
 from .ops import Parallel, embed_ops, head_ops, layer_ops, pp_message_bytes
@@ -30,11 +36,13 @@ from .ops import Parallel, embed_ops, head_ops, layer_ops, pp_message_bytes
 
 class DeploymentCost:
     def __init__(self, arch: Arch, device: Device, layout, par: Parallel | None = None, *,
-                 overlap: float | None = None, sync_steps: bool = False, sync_only: set | None = None):
+                 overlap: float | None = None, sync_steps: bool = False, sync_only: set | None = None,
+                 batched_steps: bool = False):
         if layout.num_layers != arch.layers:
             raise ValueError(f"layout has {layout.num_layers} layers but {arch.name} has {arch.layers}")
         self.arch, self.device, self.layout = arch, device, layout
         self.sync_steps = bool(sync_steps)
+        self.batched_steps = bool(batched_steps)
         self.sync_only = sync_only
         self.par = par or Parallel()
         self.overlap = device.pp_overlap if overlap is None else float(overlap)
@@ -57,7 +65,8 @@ class DeploymentCost:
                 f"{self.layout.describe()})")
 
     # -- pieces ---------------------------------------------------------------------------------------
-    def _ops_breakdown(self, ops) -> dict:
+    def ops_breakdown(self, ops) -> dict:
+        """Seconds per category of ``ops`` on this device, kernel launches apart (``launch``)."""
         out: dict = defaultdict(float)
         dev = self.device
         for op in ops:
@@ -71,7 +80,16 @@ class DeploymentCost:
         return out
 
     def _layer_breakdown(self, kind: tuple, tokens: int, prefix: int) -> dict:
-        return dict(self._ops_breakdown(layer_ops(self.arch, self._example[kind], tokens, prefix, self.par)))
+        return dict(self.ops_breakdown(layer_ops(self.arch, self._example[kind], tokens, prefix, self.par)))
+
+    def layer_kinds(self, stage: int) -> list[tuple[int, int]]:
+        """The layers of ``stage`` by kind: (a layer of the kind, how many of the stage's layers it stands for)."""
+        return [(self._example[kind], n) for kind, n in self._counts[stage].items()]
+
+    def syncs(self, shape: tuple[int, int]) -> bool:
+        """Whether the runner synchronises the device before a step (a call) led by a chunk of this
+        (tokens, prefix): every step with ``sync_steps``, or only the shapes in ``sync_only`` when given."""
+        return bool(self.sync_steps and self.device.host_step and (self.sync_only is None or shape in self.sync_only))
 
     def layer_breakdown(self, layer: int, tokens: int, prefix: int) -> dict:
         return dict(self._layer(self.arch.layer_kind(layer), int(tokens), int(prefix)))
@@ -91,19 +109,28 @@ class DeploymentCost:
                 out[k] += n * v
         local = self.local_tokens(tokens)
         if stage == 0:
-            for k, v in self._ops_breakdown(embed_ops(self.arch, local, self.par)).items():
+            for k, v in self.ops_breakdown(embed_ops(self.arch, local, self.par)).items():
                 out[k] += v
         if stage == self.layout.last_stage:
-            for k, v in self._ops_breakdown(head_ops(self.arch, local, self.par)).items():
+            for k, v in self.ops_breakdown(head_ops(self.arch, local, self.par)).items():
                 out[k] += v
         if self.device.step_overhead:
             out["step"] += self.device.step_overhead
-        if self.sync_steps and self.device.host_step and (self.sync_only is None or (tokens, prefix) in self.sync_only):
+        if self.syncs((tokens, prefix)):
             out["launch_stall"] += self.device.host_step
         return dict(out)
 
     def compute(self, stage: int, tokens: int, prefix: int) -> float:
         return sum(self.breakdown(stage, tokens, prefix).values())
+
+    def step_compute(self, stage: int, shapes) -> list[float]:
+        """Seconds of each piece of one step shared by requests (``shapes``: the pieces' (tokens, prefix),
+        lead first): with ``batched_steps`` the step is one forward whose time the pieces share
+        (:func:`.batched.piece_times`), else each piece is its own call (:func:`vpp.plan.cost.separate_calls`)."""
+        shapes = [(int(t), int(p)) for t, p in shapes]
+        if self.batched_steps and len(shapes) > 1:
+            return batched.piece_times(self, stage, shapes)
+        return separate_calls(self, stage, shapes)
 
     def overhead(self, stage: int) -> float:
         """What a stage call pays whatever its tokens: ``device.step_overhead``, and ``host_step`` when

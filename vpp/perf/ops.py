@@ -24,6 +24,10 @@ Kinds: ``gemm`` and ``attn`` are timed by a roofline (FLOPs vs bytes), ``mem`` b
 / ``allgather`` by the collective model; ``lowp`` marks GEMMs that run at the low-precision rate
 (W8A8 weights). Categories group ops for reports: attention, indexer, prefix_gemm, prefix_mem, gemm,
 moe, elementwise, tp_comm.
+
+``per_request`` marks the ops that run over the request's own prefix (attention, the MLA prefix rebuild and
+merge, DSA's index scores, top-k and sparse attention): in a step that batches several requests' pieces
+into one forward they run per piece, every other op once on the step's tokens (:mod:`.batched`).
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class Op:
     lowp: bool = False
     group: int = 1
     irregular: bool = False    # a selection whose memory access is not a stream (DSA's top-k over the scores)
+    per_request: bool = False  # over the request's own prefix (attention and its kin): per piece in a batched step
 
 
 def causal_pairs(tokens: int, prefix: int) -> float:
@@ -89,11 +94,11 @@ def sparse_pairs(tokens: int, prefix: int, topk: int) -> float:
 
 
 def gemm(name: str, m: float, k: int, n: int, par: Parallel, *, lowp: bool = False, category: str = "gemm",
-         kernels: int = 1) -> Op:
+         kernels: int = 1, per_request: bool = False) -> Op:
     """[m x k] @ [k x n]: 2mkn FLOPs; reads the weights and the input, writes the output."""
     w = par.weight_bytes if lowp else 2
     return Op(name, "gemm", category, 2.0 * m * k * n, k * n * w + m * (k + n) * par.act_bytes, kernels,
-              lowp and par.lowp)
+              lowp and par.lowp, per_request=per_request)
 
 
 def _heads(arch: Arch, par: Parallel) -> int:
@@ -114,7 +119,7 @@ def gqa_ops(arch: Arch, c: int, L: int, par: Parallel) -> list[Op]:
         gemm("qkv_proj", c, d, (h + 2 * kv) * hd, par, lowp=True),
         Op("qk_norm_rope_cache", "mem", "elementwise", bytes=c * (h + kv) * hd * act * 4 + c * 2 * kv * hd * par.kv_bytes,
            kernels=3),
-        Op("attention", "attn", "attention", flops=4.0 * causal_pairs(c, L) * h * hd),
+        Op("attention", "attn", "attention", flops=4.0 * causal_pairs(c, L) * h * hd, per_request=True),
         gemm("o_proj", c, h * hd, d, par, lowp=True),
         allreduce("attn_allreduce", c, arch, par),
     ]
@@ -144,15 +149,17 @@ def mla_ops(arch: Arch, c: int, L: int, par: Parallel) -> list[Op]:
     if L > 0:
         lat = arch.kv_lora + arch.rope
         ops += [
-            Op("prefix_gather", "mem", "prefix_mem", bytes=2.0 * L * lat * par.kv_bytes),
-            gemm("prefix_kv_up", L, arch.kv_lora, h * (arch.nope + arch.v_dim), par, category="prefix_gemm"),
+            Op("prefix_gather", "mem", "prefix_mem", bytes=2.0 * L * lat * par.kv_bytes, per_request=True),
+            gemm("prefix_kv_up", L, arch.kv_lora, h * (arch.nope + arch.v_dim), par, category="prefix_gemm",
+                 per_request=True),
             Op("prefix_slice", "mem", "prefix_mem",
-               bytes=L * h * (2 * (arch.nope + arch.v_dim) + 2 * (arch.nope + arch.rope)) * act, kernels=4),
-            Op("attention_merge", "mem", "attention", bytes=3.0 * c * h * arch.v_dim * 4),
+               bytes=L * h * (2 * (arch.nope + arch.v_dim) + 2 * (arch.nope + arch.rope)) * act, kernels=4,
+               per_request=True),
+            Op("attention_merge", "mem", "attention", bytes=3.0 * c * h * arch.v_dim * 4, per_request=True),
         ]
     ops += [
         Op("attention", "attn", "attention", flops=2.0 * causal_pairs(c, L) * h * (arch.nope + arch.rope + arch.v_dim),
-           kernels=2 if L > 0 else 1),
+           kernels=2 if L > 0 else 1, per_request=True),
         gemm("o_proj", c, h * arch.v_dim, arch.hidden, par, lowp=True),
         allreduce("attn_allreduce", c, arch, par),
     ]
@@ -173,7 +180,7 @@ def dsa_ops(arch: Arch, c: int, L: int, par: Parallel, *, indexer: bool = True) 
         ops += _indexer_ops(arch, c, L, par, ih, pairs)
     ops += [
         Op("sparse_attention", "attn", "attention", flops=2.0 * sparse * h * (lat + arch.kv_lora),
-           bytes=sparse * lat * par.kv_bytes),
+           bytes=sparse * lat * par.kv_bytes, per_request=True),
         Op("v_absorb", "gemm", "gemm", flops=2.0 * c * h * arch.kv_lora * arch.v_dim,
            bytes=h * arch.kv_lora * arch.v_dim * 2 + c * h * (arch.kv_lora + arch.v_dim) * act),
         gemm("o_proj", c, h * arch.v_dim, d, par, lowp=True),
@@ -190,8 +197,8 @@ def _indexer_ops(arch: Arch, c: int, L: int, par: Parallel, ih: int, pairs: floa
         gemm("index_weights_proj", c, d, ih, par, category="indexer"),
         Op("index_norm_rope_cache", "mem", "indexer", bytes=c * (ih + 2) * arch.index_dim * act * 2, kernels=3),
         Op("index_scores", "attn", "indexer", flops=2.0 * pairs * ih * arch.index_dim + 2.0 * pairs * ih,
-           bytes=pairs * 4, lowp=True),
-        Op("index_topk", "mem", "indexer", bytes=pairs * 4 * 2, kernels=1, irregular=True),
+           bytes=pairs * 4, lowp=True, per_request=True),
+        Op("index_topk", "mem", "indexer", bytes=pairs * 4 * 2, kernels=1, irregular=True, per_request=True),
     ]
 
 
@@ -242,14 +249,15 @@ def embed_ops(arch: Arch, tokens: int, par: Parallel) -> list[Op]:
     return ops
 
 
-def head_ops(arch: Arch, tokens: int, par: Parallel) -> list[Op]:
-    """The last stage after its last layer: final norm, and logits of the chunk's last token only
-    (prefill needs one token's logits), vocab-parallel, gathered."""
+def head_ops(arch: Arch, tokens: int, par: Parallel, requests: int = 1) -> list[Op]:
+    """The last stage after its last layer: final norm, and logits of each request's last token only
+    (prefill needs one token's logits per request; ``requests`` > 1: a batched step of several
+    requests' pieces), vocab-parallel, gathered."""
     vocab = math.ceil(arch.vocab / par.tp)
     ops = [Op("final_norm", "mem", "elementwise", bytes=2.0 * tokens * arch.hidden * par.act_bytes),
-           gemm("lm_head", 1, arch.hidden, vocab, par)]
+           gemm("lm_head", requests, arch.hidden, vocab, par)]
     if par.tp > 1:
-        ops.append(Op("logits_allgather", "allgather", "tp_comm", bytes=4.0 * arch.vocab, group=par.tp))
+        ops.append(Op("logits_allgather", "allgather", "tp_comm", bytes=4.0 * arch.vocab * requests, group=par.tp))
     return ops
 
 

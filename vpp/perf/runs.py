@@ -21,7 +21,10 @@ overestimate there). ``cp`` > 1 spreads
 every stage over that many ring-attention ranks (:class:`.cp.ContextParallelCost`). ``shared_budget``
 makes a stream of prompts share one token budget per step (:mod:`vpp.plan.shared_budget`); DCPP then
 plans each step under vLLM-Ascend's shared time budget and, with ``dcpp_online``, observes each step's
-time (its pieces back to back on the profiled stages), syncing once per timed step.
+time (its pieces back to back on the profiled stages), syncing once per timed step. ``batched_steps``
+runs each shared step as one forward (:mod:`.batched`: the GEMMs, MoE, norms and TP collectives once on
+the step's tokens, attention per piece), as vLLM does; the plan keeps one COMPUTE per piece, whose
+times sum to the step's.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Setup:
     dcpp_sync: str = "calibration"   # which DCPP steps sync: SYNC_MODES (see the module docstring)
     cp: int = 1                  # context-parallel ranks per stage (each a TP group of par.tp devices)
     shared_budget: bool = False  # streams: one token budget per step shared by the requests (vpp.plan.shared_budget)
+    batched_steps: bool = False  # a shared step is one forward, attention per piece (vpp.perf.batched); else a call per piece
     packing_estimate: str = "cost"  # VPP + packing's window estimates: "cost" (this deployment) or "eq2" (Algorithm 2's law)
 
     @property
@@ -76,11 +80,15 @@ class Setup:
         if self.dcpp_sync not in SYNC_MODES:
             raise ValueError(f"dcpp_sync={self.dcpp_sync!r}; expected one of {SYNC_MODES}")
         only = set() if sync and self.dcpp_sync == "calibration" else None
+        if self.cp > 1 and self.batched_steps:
+            raise ValueError(f"batched_steps with cp={self.cp}: a batched step is not modelled under context "
+                             f"parallelism (vpp.perf.batched); use cp=1 or batched_steps=False")
         if self.cp > 1:
             cost = ContextParallelCost(self.arch, self.device, layout, self.par, cp=self.cp, sync_steps=sync)
             cost.sync_only = only
             return cost
-        return DeploymentCost(self.arch, self.device, layout, self.par, sync_steps=sync, sync_only=only)
+        return DeploymentCost(self.arch, self.device, layout, self.par, sync_steps=sync, sync_only=only,
+                              batched_steps=self.batched_steps)
 
     def balanced_layout(self, kind: str, chunk: int, prefix: int, folds: int = 1):
         """A ``kind`` layout balanced per rank (:func:`vpp.plan.balance_ranks`) on this deployment's
@@ -143,14 +151,18 @@ def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None
 def _shared_dcpp(setup: Setup, lengths, chunk: int, cost, stages, planner: DcppPlanner, arrivals,
                  concurrency: int | None = None) -> tuple[list, list]:
     """DCPP under one shared token budget (:mod:`vpp.plan.shared_budget`, vLLM-Ascend #9900's shared
-    time budget): with ``dcpp_online`` the planner times each step (its pieces run back to back) and
-    re-fits from it; the device syncs once per timed step, before its first piece."""
+    time budget): with ``dcpp_online`` the planner times each step (its pieces back to back, or with
+    ``batched_steps`` the one forward) and re-fits from it; the device syncs once per timed step,
+    before its first piece."""
     def step(shapes) -> None:
         if not (setup.dcpp_online and planner.timing):
             return
         if cost.sync_only is not None:
             cost.sync_only.add(shapes[0])
-        planner.observe_step(shapes, sum(cost.compute(s, c, h) for c, h in shapes for s in stages))
+        if setup.batched_steps:        # the timed step is one forward (vpp.perf.batched)
+            planner.observe_step(shapes, sum(sum(cost.step_compute(s, shapes)) for s in stages))
+        else:
+            planner.observe_step(shapes, sum(cost.compute(s, c, h) for c, h in shapes for s in stages))
 
     return shared_budget_stream(lengths, chunk, planner=planner, arrivals=arrivals,
                                 on_step=step if setup.dcpp_online else None, concurrency=concurrency)

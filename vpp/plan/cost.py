@@ -6,6 +6,9 @@
 * optionally ``overhead(stage) -> seconds`` -- the part of ``compute`` paid once per stage step whatever
   its tokens (launches, per-step host work); a step shared by several requests pays it once, not once
   per piece (:func:`step_overhead`; 0 for a model without the method);
+* optionally ``step_compute(stage, shapes) -> [seconds]`` -- the pieces of one step shared by requests
+  (``shapes``: their (tokens, prefix), lead first), each piece's share of the step (:func:`piece_times`;
+  without the method each piece is its own call, :func:`separate_calls`);
 * ``overlap`` in [0, 1] -- how much of an async transfer can hide behind compute (the sender stalls for
   ``(1 - overlap)`` of it; blocking plans ignore it).
 
@@ -33,6 +36,21 @@ def step_overhead(cost, stage: int) -> float:
     """``cost.overhead(stage)`` where the model states its per-step overhead, else 0."""
     overhead = getattr(type(cost), "overhead", None)
     return 0.0 if overhead is None else float(overhead(cost, stage))
+
+
+def separate_calls(cost, stage: int, shapes) -> list[float]:
+    """Seconds of each piece of one step on ``stage`` run as its own stage call (``shapes``: the pieces'
+    (tokens, prefix), lead first): ``cost.compute`` of each, the per-step overhead paid once, by the lead."""
+    return [float(cost.compute(stage, t, p)) - (step_overhead(cost, stage) if i else 0.0)
+            for i, (t, p) in enumerate(shapes)]
+
+
+def piece_times(cost, stage: int, shapes) -> list[float]:
+    """Seconds of each piece of one step on ``stage`` (``shapes``: the pieces' (tokens, prefix), lead
+    first): ``cost.step_compute(stage, shapes)`` where the model says how a step's pieces share its work
+    (e.g. one batched forward, :mod:`vpp.perf.batched`), else :func:`separate_calls`."""
+    step = getattr(type(cost), "step_compute", None)
+    return separate_calls(cost, stage, shapes) if step is None else [float(t) for t in step(cost, stage, shapes)]
 
 
 def seconds_per_token(hidden: int, *, bytes_per_value: int = 2, bandwidth: float = 3e9) -> float:
@@ -164,4 +182,5 @@ class FlopCost(_Comm):
         return self.weight(stage) * self.layers_per_stage[stage] * per_layer
 
 
-__all__ = ["Cost", "FlopCost", "LinearCost", "TableCost", "seconds_per_token", "step_overhead"]
+__all__ = ["Cost", "FlopCost", "LinearCost", "TableCost", "piece_times", "seconds_per_token", "separate_calls",
+           "step_overhead"]

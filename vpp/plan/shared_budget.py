@@ -9,8 +9,10 @@ A request's chunk is its piece of one step. :func:`shared_budget_requests` gives
 (each piece then runs as a step of its own: one hand-over and one per-step overhead per piece);
 :func:`shared_budget_stream` also gives the steps, for a plan whose steps are shared (``Plan.steps``,
 :mod:`.steps`): one transfer per step carrying all its pieces, the per-step overhead paid once, and one
-stage call per piece (a stage's caches are keyed by request; a batched call would need a
-variable-length attention over several requests' caches). A request's next piece is cut to the room
+stage call per piece on real ranks (a stage's caches are keyed by request; a batched call would need a
+variable-length attention over several requests' caches). The paper-scale cost model can price a
+shared step as the one forward vLLM runs (:mod:`vpp.perf.batched`, ``Setup.batched_steps``): the plan
+keeps its pieces, their times sum to the batched step's. A request's next piece is cut to the room
 left in the step, as vLLM's scheduler cuts a prefill to the remaining token budget.
 
 With a concurrency limit K (``Plan.concurrency``: request i enters once request i-K has finished) a

@@ -3,10 +3,13 @@
 It runs the same semantics as the verifier (:mod:`.engine`) with durations from the cost model: a
 COMPUTE of stage s on chunk c of request q takes ``cost.compute(s, tokens, prefix)`` with the chunk's
 token count and its offset in the request as prefix; a transfer takes ``cost.transfer(tokens)``; a
-HANDOFF is free. A step shared by several requests (``Plan.steps``) costs the sum of its pieces' computes
-less the per-step overhead (:func:`.cost.step_overhead`) of every piece but the lead, so the overhead is
-paid once per step; its one transfer carries the step's tokens (one latency). Blocking plans rendezvous (both ranks are blocked from arrival until the transfer
-ends); async plans post and move on, with ``cost.overlap`` setting how much of each transfer hides.
+HANDOFF is free. The pieces of a step shared by several requests (``Plan.steps``) take what
+:func:`.cost.piece_times` gives: by default each piece's own compute, less the per-step overhead
+(:func:`.cost.step_overhead`) for every piece but the lead, so the overhead is paid once per step; a
+model with ``step_compute`` (one batched forward, :mod:`vpp.perf.batched`) splits the step its own way.
+The step's one transfer carries its tokens (one latency). Blocking plans rendezvous (both ranks are
+blocked from arrival until the transfer ends); async plans post and move on, with ``cost.overlap``
+setting how much of each transfer hides.
 
 The trace has compute spans, blocked send/recv spans (zero-length recv spans where an async receive was
 posted), a ``transfer`` span on both ends of every transfer, ``wait`` spans where a request's first
@@ -17,7 +20,7 @@ meta lists the requests' arrivals (``[[id, arrival], ...]``) for :func:`.summary
 
 from __future__ import annotations
 
-from .cost import Cost, step_overhead
+from .cost import Cost, piece_times
 from .engine import Engine
 from .ir import Plan
 from .trace import Span, Trace
@@ -29,13 +32,18 @@ def simulate(plan: Plan, cost: Cost, *, check: bool = True) -> Trace:
     if check:
         verify(plan)
     requests = {q.id: q for q in plan.requests}
+    shared: dict = {}          # (stage, lead) -> the step's pieces and their times
 
     def compute_time(stage: int, request: int, chunk: int) -> float:
         q = requests[request]
-        t = float(cost.compute(stage, q.tokens(chunk), q.offset(chunk)))
-        if plan.steps and plan.lead(request, chunk) != (request, chunk):
-            t -= step_overhead(cost, stage)
-        return t
+        lead = plan.lead(request, chunk)
+        if not plan.steps or len(plan.step_pieces(*lead)) < 2:
+            return float(cost.compute(stage, q.tokens(chunk), q.offset(chunk)))
+        if (stage, lead) not in shared:
+            pieces = plan.step_pieces(*lead)
+            shapes = [(requests[r].tokens(c), requests[r].offset(c)) for r, c in pieces]
+            shared[(stage, lead)] = dict(zip(pieces, piece_times(cost, stage, shapes)))
+        return shared[(stage, lead)][(request, chunk)]
 
     engine = Engine(plan, plan.comm, compute_time=compute_time, transfer_time=lambda n: float(cost.transfer(n)),
                     overlap=float(getattr(cost, "overlap", 1.0)), record=True).run()

@@ -8,7 +8,8 @@ step k runs after step k-1 on every stage (each request's pieces lie in increasi
 request's KV-cache order holds too). The step plan is then expanded: a COMPUTE of step k becomes one
 COMPUTE per piece, back to back in step order (one stage call per request piece: a stage's caches are
 keyed by request, see :mod:`vpp.runtime.executor`), and a SEND/RECV/HANDOFF of step k becomes the same
-action named by the step's lead piece, carrying the whole step.
+action named by the step's lead piece, carrying the whole step. What each piece's COMPUTE costs is the
+cost model's (:func:`.cost.piece_times`: separate calls, or shares of one batched forward).
 
 Admission (``Plan.concurrency`` K): request i enters once request i-K has finished. In the step
 request that is a gate of step k_i (request i's first) on the last stage's compute of step e (where

@@ -21,7 +21,9 @@ call: a stage's KV caches are keyed by request and a call extends one request's 
 call would need a variable-length attention over several requests' caches; what the split costs is
 the stage call's fixed overhead per extra piece, which is what the simulator saves per piece
 (:func:`vpp.plan.cost.step_overhead`) only where the cost model states it (on these CPU ranks the
-per-call overhead is tens of microseconds against milliseconds of compute).
+per-call overhead is tens of microseconds against milliseconds of compute). The paper-scale cost model
+can also price a shared step as one batched forward (``Setup.batched_steps``, :mod:`vpp.perf.batched`),
+which these ranks do not run.
 
 Request streams (see :mod:`vpp.plan.ir`): before stage 0 computes a request's first chunk, the executor sleeps
 until the request's arrival (seconds after the start barrier, the trace's origin) and, under a
