@@ -52,7 +52,7 @@ CASES = [
     ("simulate --pp 2 --seq-len 4096 --chunk-size 512 --t -1", 2, r"argument --t: must be a number > 0, got -1"),
     ("simulate --pp 2 --seq-len 4096 --chunk-size 512 --latency=-1e-3", 2, r"argument --latency: must be a number > 0"),
     ("simulate --pp 2 --seq-len 4096 --chunk-size 512 --overlap 1.5", 2, r"argument --overlap: must lie in \[0, 1\], got 1.5"),
-    ("simulate --pp 2 --seq-len 10000000 --chunk-size 1", 2, r"cuts 10000000 tokens into 10000000 chunks; the simulator's limit is 50000"),
+    ("simulate --pp 2 --seq-len 10000000 --chunk-size 1", 2, r"cuts 10000000 tokens into 10000000 chunks, 40000000 stage computes over 4 stages; the simulator's limit is 200000"),
     ("simulate --pp 4 --layers 6 --seq-len 4096 --chunk-size 512", 2, r"num_layers=6 cannot fill 8 virtual stages"),
     ("serve-sim --pp 0", 2, r"argument --pp: must be an integer >= 1, got 0"),
     ("serve-sim --strategies cpp nope", 2, r"--strategies: unknown strategy 'nope'"),
@@ -64,6 +64,13 @@ CASES = [
      r"--contenders gpipe needs prompt lengths that are multiples of --chunk-size 512"),
     ("tune --device tpu", 2, r"unknown device"),
     ("tune --model nomodel", 2, r"unknown model 'nomodel'"),
+    ("tune --length 99999999999", 2, r"--chunks 8192 cuts 99999999999 tokens into 12207032 chunks, 97656256 stage "
+     r"computes over 8 stages; tune's limit per simulation .* is 32768"),
+    ("tune --max-folds 100000", 2, r"--chunks 8192 cuts 524288 tokens into 64 chunks, 25600000 stage computes over "
+     r"400000 stages; tune's limit"),
+    ("simulate --pp 2 --folds 100000 --seq-len 4096 --chunk-size 512", 2,
+     r"cuts 4096 tokens into 8 chunks, 3200000 stage computes over 400000 stages; the simulator's limit is 200000"),
+    ("serve-sim --folds 5000 --layers 20000", 2, r"stage computes over 20000 stages; the simulator's limit is 200000"),
     ("tune --chunks 8192,0", 2, r"argument --chunks: must be comma-separated integers >= 1"),
     ("tune --model deepseek-v3.1 --device h100 --tp 1 --pp 1 --length 1048576", 1,
      r"none of \d+ configurations of deepseek-v3.1 at tp=1 pp=1 for 1048576 tokens fits in h100-sxm's 80.0 GB: "

@@ -109,19 +109,23 @@ def writable_dir(path: str, option: str) -> str:
         raise UsageError(str(exc)) from None
 
 
-MAX_SIM_CHUNKS = 50_000  # simulations plan every chunk: beyond this, time and memory run away
+MAX_SIM_COMPUTES = 200_000  # stage computes (stages x chunks) one simulation plans: ~90 s on one core
 
 
-def check_chunk_count(lengths, chunk_size: int, option: str = "--chunk-size") -> None:
-    """Refuse a simulation of more than :data:`MAX_SIM_CHUNKS` chunks in all."""
+def check_chunk_count(lengths, chunk_size: int, option: str = "--chunk-size", *, stages: int = 4,
+                      limit: int = MAX_SIM_COMPUTES, whose: str = "the simulator's limit") -> None:
+    """Refuse a simulation of more than ``limit`` stage computes: ``lengths`` cut into chunks of
+    ``chunk_size``, each chunk run on ``stages`` virtual stages (the plan, the simulation and the trace all
+    grow with that product, faster than linearly where a rank holds many stages)."""
     chunks = sum(-(-int(n) // chunk_size) for n in lengths)
-    if chunks > MAX_SIM_CHUNKS:
-        raise UsageError(f"{option} {chunk_size} cuts {sum(int(n) for n in lengths)} tokens into {chunks} chunks; "
-                         f"the simulator's limit is {MAX_SIM_CHUNKS} (use larger chunks or shorter prompts)")
+    if chunks * stages > limit:
+        raise UsageError(f"{option} {chunk_size} cuts {sum(int(n) for n in lengths)} tokens into {chunks} chunks, "
+                         f"{chunks * stages} stage computes over {stages} stages; {whose} is {limit} "
+                         f"(use larger chunks, shorter prompts, fewer ranks or folds)")
 
 
 __all__ = [
-    "MAX_SIM_CHUNKS", "UsageError", "check_chunk_count", "fraction", "int_list", "nonnegative_float",
+    "MAX_SIM_COMPUTES", "UsageError", "check_chunk_count", "fraction", "int_list", "nonnegative_float",
     "nonnegative_int", "positive_float", "positive_int", "writable_dir", "writable_file",
     "writable_files_in",
 ]

@@ -78,7 +78,7 @@ def check(args) -> None:
         args.workload_obj = workload_from_args(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    check_chunk_count(args.workload_obj.lengths, args.chunk_size)
+    check_chunk_count(args.workload_obj.lengths, args.chunk_size, stages=2 * args.pp * args.folds)
 
 
 def run(args) -> int:

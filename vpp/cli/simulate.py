@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args) -> None:
     from vpp.plan.layout import make_layout
 
-    check_chunk_count(args.seq_len, args.chunk_size)
     stages = args.pp * (1 if args.layout == "loop" else 2 * args.folds)
+    check_chunk_count(args.seq_len, args.chunk_size, stages=stages)
     try:
         make_layout(args.layout, args.layers or 4 * stages, args.pp, folds=args.folds if args.layout != "loop" else 1)
     except ValueError as exc:

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 
-from vpp.cli.args import UsageError, int_list, positive_int, writable_file
+from vpp.cli.args import UsageError, check_chunk_count, int_list, positive_int, writable_file
 from vpp.safe_write import write_text
 from vpp.bench.sweep import fitted_setups, paper_setup
 from vpp.perf.hardware import get_device
 from vpp.perf.tune import PAPER_CHUNKS, paper_best, tune
+
+TUNE_MAX_COMPUTES = 32_768  # stage computes of one simulated configuration (4096 chunks on pp=2, 2 folds): ~3 min in all
 
 
 def add_arguments(parser) -> None:
@@ -45,6 +47,8 @@ def check(args) -> None:
         raise UsageError(str(exc).strip("'\"")) from None
     if args.json:
         writable_file(args.json, "--json")
+    check_chunk_count([args.length], min(args.chunks), "--chunks", stages=2 * args.pp * args.max_folds,
+                      limit=TUNE_MAX_COMPUTES, whose="tune's limit per simulation (it simulates ~100 configurations)")
 
 
 def run(args) -> int:
@@ -75,4 +79,4 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["add_arguments", "check", "run"]
+__all__ = ["TUNE_MAX_COMPUTES", "add_arguments", "check", "run"]
