@@ -109,6 +109,14 @@ def writable_dir(path: str, option: str) -> str:
         raise UsageError(str(exc)) from None
 
 
+def check_workload_options(workload: str, given: dict) -> None:
+    """Refuse a workload option given with a workload it does not shape (it would be ignored): ``given``
+    maps an option to (its value, or None when not given; the workloads it applies to)."""
+    for option, (value, applies) in given.items():
+        if value is not None and workload not in applies:
+            raise UsageError(f"{option} applies to --workload {' or '.join(applies)}, not {workload}")
+
+
 MAX_SIM_COMPUTES = 200_000  # stage computes (stages x chunks) one simulation plans: ~90 s on one core
 
 
@@ -125,7 +133,7 @@ def check_chunk_count(lengths, chunk_size: int, option: str = "--chunk-size", *,
 
 
 __all__ = [
-    "MAX_SIM_COMPUTES", "UsageError", "check_chunk_count", "fraction", "int_list", "nonnegative_float",
+    "MAX_SIM_COMPUTES", "UsageError", "check_chunk_count", "check_workload_options", "fraction", "int_list", "nonnegative_float",
     "nonnegative_int", "positive_float", "positive_int", "writable_dir", "writable_file",
     "writable_files_in",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 
-from vpp.cli.args import UsageError, int_list, positive_float, positive_int
+from vpp.cli.args import UsageError, check_workload_options, int_list, positive_float, positive_int
 from vpp.cli.checks import open_checked
 from vpp.cli.memory_check import check_memory, check_positions
 from vpp.cli.terminal import setup_logging
@@ -46,6 +46,7 @@ def check(args) -> None:
         contenders = strategies.parse(args.contenders, strategies.CONTENDERS)
     except ValueError as exc:
         raise UsageError(f"--contenders: {exc}") from None
+    check_workload_options(args.workload, {"--n": (args.n, ("mixed", "short")), "--lengths": (args.lengths, ("long",))})
     args.cfg = StreamConfig(model=args.model, pp=args.pp, workload=args.workload, scale=args.scale, n=args.n,
                             concurrency=args.concurrency, lengths=args.lengths, chunk_size=args.chunk_size,
                             contenders=contenders, repeat=args.repeat, seed=args.seed, timeout_s=args.timeout,

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from vpp.cli.args import (UsageError, check_chunk_count, nonnegative_int, positive_float, positive_int)
+from vpp.cli.args import (UsageError, check_chunk_count, check_workload_options, nonnegative_int, positive_float,
+                          positive_int)
 from vpp.plan.dcpp import DEFAULT_VARIANT, VARIANTS
 
 WORKLOADS = ("long", "short", "mixed")
@@ -73,6 +74,10 @@ def check(args) -> None:
         args.strategy_names = registry.parse(args.strategies or STRATEGIES, STRATEGIES + EXTRA)
     except ValueError as exc:
         raise UsageError(f"--strategies: {exc}") from None
+    check_workload_options(args.workload, {"--n": (args.n, ("short", "mixed")),
+                                           "--lengths": (args.lengths, ("long",)),
+                                           "--repeat": (args.repeat if args.repeat != 1 else None, ("long",)),
+                                           "--length": (args.length, ("short",))})
     try:
         make_layout("v", args.layers, args.pp, folds=args.folds)
         args.workload_obj = workload_from_args(args)
