@@ -81,6 +81,7 @@ CASES = [
      r"none of \d+ configurations of deepseek-v3.1 at tp=1 pp=1 for 1048576 tokens fits in h100-sxm's 80.0 GB: "
      r"the smallest needs [\d.]+ GB on its busiest device \(weights [\d.]+ GB, kv_cache [\d.]+ GB"),
     ("calibrate --tokens 0", 2, r"argument --tokens: must be an integer >= 1, got 0"),
+    ("calibrate --tokens 1000000000", 2, r"--tokens 1000000000 is 1000000000 tokens, more than the model's \d+ positions"),
     ("calibrate --chunk 1024 --tokens 512", 2, r"--chunk 1024 is longer than --tokens 512"),
     ("nosuchcommand", 2, r"argument COMMAND: invalid choice: 'nosuchcommand'"),
 ]

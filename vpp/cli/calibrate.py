@@ -32,8 +32,12 @@ def add_arguments(parser) -> None:
 
 
 def check(args) -> None:
+    from vpp.cli.memory_check import check_positions
+    from vpp.models import model_config
+    from vpp.models.tiny import TINY_CONFIGS
     if args.chunk > args.tokens:
         raise UsageError(f"--chunk {args.chunk} is longer than --tokens {args.tokens}")
+    check_positions(model_config(TINY_CONFIGS[args.model]), args.tokens, f"--tokens {args.tokens}")
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         writable_dir(os.path.dirname(os.path.abspath(args.out)), "--out")  # created at the end
     else:

@@ -60,7 +60,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from .grid_text import format_grid
@@ -157,6 +157,7 @@ class Request:
     chunk_sizes: tuple[int, ...]
     arrival: float = 0.0
     cached: int = 0
+    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # offset of every chunk, and the end
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "chunk_sizes", tuple(int(n) for n in self.chunk_sizes))
@@ -172,6 +173,10 @@ class Request:
         if not self.chunk_sizes or min(self.chunk_sizes) < 1:
             raise ValueError(f"request {self.id}: chunk sizes {list(self.chunk_sizes)} must be >= 1 tokens "
                              f"and at least one chunk")
+        starts = [self.cached]
+        for n in self.chunk_sizes:
+            starts.append(starts[-1] + n)
+        object.__setattr__(self, "_starts", tuple(starts))
 
     @property
     def num_chunks(self) -> int:
@@ -180,15 +185,18 @@ class Request:
     @property
     def length(self) -> int:
         """The prompt's tokens, cached prefix included."""
-        return self.cached + sum(self.chunk_sizes)
+        return self._starts[-1]
 
     @property
     def new_tokens(self) -> int:
         """The tokens this request prefills (its chunks)."""
-        return sum(self.chunk_sizes)
+        return self._starts[-1] - self.cached
 
     def offset(self, chunk: int) -> int:
-        return self.cached + sum(self.chunk_sizes[:chunk])
+        """Tokens before chunk ``chunk`` (the cached prefix included); ``offset(num_chunks) == length``."""
+        if not 0 <= chunk <= len(self.chunk_sizes):
+            raise IndexError(f"request {self.id}: chunk {chunk} of {len(self.chunk_sizes)}")
+        return self._starts[chunk]
 
     def tokens(self, chunk: int) -> int:
         return self.chunk_sizes[chunk]
