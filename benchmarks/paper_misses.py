@@ -24,7 +24,8 @@ STALL = ("DCPP's per-step cost: where and how often vLLM-Ascend synchronises (wh
 COLLECTIVE = ("a fixed cost per collective call (~0.9 ms per call closes Table 1's +6.01 s; the model's calls pay "
               "their ring latency, 10 us a step)")
 OVERLAP = ("how long VPP-Async's posted receives are in flight: the model posts each receive a whole compute slot "
-           "ahead; the paper's overlap implies about a third less")
+           "ahead (no earlier than its step's dispatch, which moves only the waiting between requests); the paper's "
+           "overlap implies about a third less")
 GQA = ("a DCPP cost growing with prefix x steps on GQA (Qwen); no per-step constant fits both 128K and 512K "
        "(section 5)")
 CHUNK = ("a per-chunk cost that no schedule hides (section 5 gives the window per cell that would make 24K best)")
@@ -32,8 +33,10 @@ STREAM = ("the streams: vLLM's shared token budget and one forward per shared st
           "each switched off); under shared steps a stream runs as one sequence of steps, so VPP + packing is "
           "VPP-Async there and the paper's packing has no counterpart in the model")
 ATTN = "attention efficiency by chunk size: VPP's 24K calls would have to run ~2% slower than DCPP's ~4.6K calls"
-PACKING = ("the packer's gain: in the model packing removes no bubble in the 3 x 256K ablation (its gain comes "
-           "from communication), the paper's removes a third of the cross-request bubble")
+PACKING = ("the packer's gain and the dispatch rule: receives are posted no earlier than their step's dispatch, so "
+           "VPP-Async's wait for the next request is Free and packing, which starts the next request during the "
+           "drain, removes two thirds of that bubble; the paper's removes a third (its packer fills less of the "
+           "drain, or its engine dispatches the next request earlier than the end of the previous one)")
 CONTRA = "the paper's own readings disagree (both shown); the model sides with neither"
 
 RULES = (

@@ -56,6 +56,26 @@ def test_profiler_view_by_hand():
     assert sim.exposed_comm < row.exposed_comm and sim.bubble > row.bubble
 
 
+def test_a_receive_is_posted_no_earlier_than_its_step_is_dispatched():
+    """Two one-chunk requests through VPP-Async's V (2 ranks, stages 0/3 on rank 0, 1/2 on rank 1). Rank 1
+    ends request 0 at 3.5 and posts request 1's receive at once, but request 1's first stage starts on
+    rank 0 only at 5.0 (after rank 0's stage 3 of request 0 over [4, 5]): the engine dispatches request 1's
+    step then, so its receive runs over [5.0, 6.5], and [3.5, 5.0] is Free. By hand, rank 0's
+    communication is [1, 4] + [6, 9] (6 s, none of it beside a compute), rank 1's [0, 1.5] + [3.5, 4] +
+    [5, 6.5] + [8.5, 9] (4 s); each rank computes 4 s of a 10 s makespan. With the post unclamped
+    (``profiler-early``) rank 1's second receive runs from 3.5: 5 s."""
+    from vpp.plan import strategies
+    from vpp.plan.ir import Request
+    plan = strategies.get("vpp-async").plan(make_layout("v", 4, 2), [Request(0, (10,)), Request(1, (10,))])
+    trace = simulate(plan, UnitCost())
+    row = decompose("x", plan, trace, UnitCost())
+    assert (row.total, row.compute) == pytest.approx((10.0, 4.0))
+    assert row.exposed_comm == pytest.approx((6.0 + 4.0) / 2) and row.bubble == pytest.approx(1.0)
+    early = decompose("x", plan, trace, UnitCost(), view="profiler-early")
+    assert early.exposed_comm == pytest.approx((6.0 + 5.0) / 2) and early.bubble == pytest.approx(0.5)
+    assert early.total == row.total and early.compute == row.compute
+
+
 def test_blocking_plans_wait_as_free_in_both_views():
     layout = make_layout("loop", 2, 2)
     plan = build_cpp(layout, chunk_requests([20], 10))

@@ -12,7 +12,12 @@ time with no task at all is Free. So the model books waiting by *when each plan 
   communication, exposed (no compute runs beside a blocking exchange);
 * async plans (VPP-Async, packing) post ``irecv`` / ``isend`` ahead: the receive task runs from its
   post to its data's arrival, so waiting inside it is communication, and the part of it during which
-  the rank computes is overlapped (not exposed);
+  the rank computes is overlapped (not exposed). A worker can post a step's receive only once the step
+  has been dispatched to it (vLLM's model runner issues a step's PP receive inside that step's
+  ``execute_model``, and the scheduler dispatches a step to every PP worker when it starts the step),
+  so a receive's post is clamped to its step's dispatch, taken as the start of the step's first-stage
+  compute: a rank waiting for a request the engine has not yet scheduled is Free, not communication
+  (``view="profiler-early"`` keeps the unclamped post, for the what-if);
 * a stage's TP collectives run on the compute stream between its kernels: communication, never
   overlapped.
 
@@ -39,7 +44,7 @@ from vpp.plan.ir import COMPUTE
 
 COMM_CATEGORIES = ("tp_comm", "cp_comm")
 STALL = "launch_stall"
-VIEWS = ("profiler", "simulator")
+VIEWS = ("profiler", "profiler-early", "simulator")
 
 
 @dataclass
@@ -119,14 +124,30 @@ def _intersection(xs, ys) -> float:
     return total
 
 
-def pp_comm_intervals(plan, trace, rank: int, view: str) -> list[tuple[float, float]]:
+def dispatch_times(plan, trace) -> dict:
+    """When each step was dispatched to the workers, by (request, chunk): the start of its first-stage
+    compute (a shared step's: its lead's, whose first-stage call opens the step)."""
+    first = {(s.request, s.chunk): s.start for s in trace.spans if s.kind == "compute" and s.stage == 0}
+    if not plan.steps:
+        return first
+    return {(q, c): first[plan.lead(q, c)] for q, c in first}
+
+
+def pp_comm_intervals(plan, trace, rank: int, view: str, dispatch: dict | None = None) -> list[tuple[float, float]]:
     """The rank's PP communication as the view sees it (see the module docstring): each transfer's
-    wire time, from its post where an async plan posted it ahead (profiler view)."""
+    wire time, from its post where an async plan posted it ahead (profiler views), the post no earlier
+    than the step's dispatch (``view="profiler"``; ``dispatch`` from :func:`dispatch_times`, computed
+    when not given)."""
     posts: dict = {}
-    if view == "profiler" and plan.comm == "async":
+    if view != "simulator" and plan.comm == "async":
+        if view == "profiler" and dispatch is None:
+            dispatch = dispatch_times(plan, trace)
         for s in trace.spans:
             if s.rank == rank and s.kind in ("send", "recv") and s.stage is not None:
-                posts[s.key] = min(posts.get(s.key, s.start), s.start)
+                post = min(posts.get(s.key, s.start), s.start)
+                if view == "profiler":
+                    post = max(post, dispatch.get((s.request, s.chunk), post))
+                posts[s.key] = post
     out = []
     for s in trace.spans:
         if s.rank == rank and s.kind == "transfer":
@@ -142,13 +163,14 @@ def decompose(name: str, plan, trace, cost, *, view: str = "profiler") -> Row:
     cats = rank_categories(plan, cost)
     n = plan.num_ranks
     compute = exposed = overlapped = comm_total = 0.0
+    dispatch = dispatch_times(plan, trace) if view == "profiler" and plan.comm == "async" else None
     for r in range(n):
         c = cats[r]
         coll = sum(c.get(k, 0.0) for k in COMM_CATEGORIES)
         compute += sum(v for k, v in c.items() if k not in COMM_CATEGORIES and k != STALL)
         busy = _union((sp.start, sp.end) for sp in trace.spans if sp.rank == r and sp.kind == "compute")
-        if view == "profiler":
-            pp = pp_comm_intervals(plan, trace, r, view)
+        if view != "simulator":
+            pp = pp_comm_intervals(plan, trace, r, view, dispatch)
             hidden = _intersection(pp, busy)
             exposed += _length(pp) - hidden + coll
             overlapped += hidden
@@ -170,4 +192,5 @@ def decompose(name: str, plan, trace, cost, *, view: str = "profiler") -> Row:
                bubble_ratio=bubble / s.makespan if s.makespan else 0.0, comm_total=comm_total / n)
 
 
-__all__ = ["COMM_CATEGORIES", "Row", "STALL", "VIEWS", "decompose", "pp_comm_intervals", "rank_categories"]
+__all__ = ["COMM_CATEGORIES", "Row", "STALL", "VIEWS", "decompose", "dispatch_times", "pp_comm_intervals",
+           "rank_categories"]
