@@ -15,7 +15,8 @@ from vpp.plan.cost import LinearCost
 from vpp.plan.ir import COMPUTE, RECV, chunk_requests, replace_actions
 from vpp.plan.layout import make_layout
 from vpp.plan.simulator import simulate
-from vpp.runtime.device_emulation import EmulatedOps, EmulatedRun, EmulationError, emulate
+from vpp.runtime.device_emulation import EmulatedOps, EmulatedRun, emulate
+from vpp.runtime.emulated_device import EmulationError
 from vpp.runtime.watchdog import ExecutionError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
