@@ -36,14 +36,13 @@ def simulate(plan: Plan, cost: Cost, *, check: bool = True) -> Trace:
 
     def compute_time(stage: int, request: int, chunk: int) -> float:
         q = requests[request]
-        lead = plan.lead(request, chunk)
-        if not plan.steps or len(plan.step_pieces(*lead)) < 2:
+        pieces = plan.step_pieces(*plan.lead(request, chunk)) if plan.steps else ()
+        if len(pieces) < 2:
             return float(cost.compute(stage, q.tokens(chunk), q.offset(chunk)))
-        if (stage, lead) not in shared:
-            pieces = plan.step_pieces(*lead)
+        if (stage, pieces[0]) not in shared:
             shapes = [(requests[r].tokens(c), requests[r].offset(c)) for r, c in pieces]
-            shared[(stage, lead)] = dict(zip(pieces, piece_times(cost, stage, shapes)))
-        return shared[(stage, lead)][(request, chunk)]
+            shared[(stage, pieces[0])] = dict(zip(pieces, piece_times(cost, stage, shapes)))
+        return shared[(stage, pieces[0])][(request, chunk)]
 
     engine = Engine(plan, plan.comm, compute_time=compute_time, transfer_time=lambda n: float(cost.transfer(n)),
                     overlap=float(getattr(cost, "overlap", 1.0)), record=True).run()
