@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,8 @@ import traceback
 
 import numpy as np
 import torch
+
+from benchmarks._device_check_report import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIMITS = {"a": 110, "b": 190, "c": 150}  # seconds per part (7.5 minutes in all)
@@ -81,7 +82,7 @@ def preset_for(acc, device) -> str:
 
 def kernels(device_type: str, dtype=torch.bfloat16) -> str:
     from vpp.transformer.attention.kernel import kernel_for, lse_kernel_for
-    from vpp.transformer.moe import expert_gemm_for
+    from vpp.transformer.expert_gemm import expert_gemm_for
     return (f"attention `{kernel_for(device_type).__name__}`, attention pieces "
             f"`{lse_kernel_for(device_type).__name__}`, experts `{expert_gemm_for(torch.device(device_type), dtype)}`")
 
@@ -299,86 +300,6 @@ def peak(acc, device) -> dict:
             "peak_reserved_mib": acc.peak_memory_reserved(device) / 2**20}
 
 
-# --- report ------------------------------------------------------------------------------------------
-
-def _error_block(what: str, part: dict) -> list[str]:
-    return [f"{what} FAILED:", "", "```", part["error"][-3000:], "```"]
-
-
-def report(args, acc, device, parts: dict) -> str:
-    name = "CPU (dry run: tiny sizes, no accelerator claims)" if acc.kind == "cpu" else \
-        acc.module().get_device_name(device)
-    fam, law, c = parts["a"], parts["b"], parts["c"]
-    lines = [f"# Device check: {name}", "",
-             f"`PYTHONPATH=. python3 benchmarks/device_check.py {' '.join(sys.argv[1:])}` -- torch {torch.__version__}, "
-             f"{platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}; each part in its own process "
-             f"(limits {LIMITS} s)", "",
-             f"## (a) tiny families in bf16 against transformers on {device}", ""]
-    if "error" in fam:
-        lines += _error_block("part (a)", fam)
-    else:
-        lines += [f"Kernels: {fam['kernels']}.", "",
-                  "Error of a position: max |logit - fp32 reference| / max |reference logit| (transformers in fp32 "
-                  "on the CPU); median [max] over the 37 positions, next-token agreement with the reference. Passes "
-                  "when vpp's median is at most twice transformers' own bf16 median + 0.01 and its agreement is "
-                  "within 0.1. " + _mem(fam), "",
-                  "| family | workspace | vpp bf16 error | transformers bf16 error | vpp agreement | "
-                  "transformers agreement | ok |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['family']} | {r['workspace']} | {r['vpp_err']:.1e} [{r['vpp_max']:.1e}] | "
-                  f"{r['hf_bf16_err']:.1e} [{r['hf_max']:.1e}] | {r['argmax_agree']:.2f} | {r['hf_agree']:.2f} | "
-                  f"{'yes' if r['ok'] else 'NO'} |" for r in fam["rows"]]
-    lines += ["", "## (b) tau_k of one layer, bf16", ""]
-    if "error" in law:
-        lines += _error_block("part (b)", law)
-    else:
-        (a_m, b_m, r2_m), (a_p, b_p, r2_p) = law["fit_measured"], law["fit_predicted"]
-        lines += [f"{law['model']} (layer {law['layer']}), {law['chunk']}-token chunks to {law['tokens']} tokens. "
-                  + _mem(law), "",
-                  "| | tau_0 = a (ms) | b (ms per chunk) | R^2 | first chunk ms | last chunk ms |",
-                  "|---|---|---|---|---|---|",
-                  f"| measured | {a_m * 1e3:.2f} | {b_m * 1e3:.3f} | {r2_m:.3f} | {law['measured_s'][0] * 1e3:.2f} | "
-                  f"{law['measured_s'][-1] * 1e3:.2f} |",
-                  f"| cost model ({law['preset']}) | {a_p * 1e3:.2f} | {b_p * 1e3:.3f} | {r2_p:.3f} | "
-                  f"{law['predicted_s'][0] * 1e3:.2f} | {law['predicted_s'][-1] * 1e3:.2f} |", "",
-                  "Per chunk (ms), measured / predicted: " + ", ".join(
-                      f"{m * 1e3:.1f}/{p * 1e3:.1f}" for m, p in zip(law["measured_s"], law["predicted_s"]))]
-    lines += ["", "## (c) the executor's device path", "", "### one device: two ranks as threads, loopback transfers", ""]
-    if "error" in c:
-        lines += _error_block("part (c)", c)
-        return "\n".join(lines) + "\n"
-    loop = c["loopback"]
-    if isinstance(loop, dict):
-        lines += _error_block("the loopback run", loop)
-    else:
-        lines += ["Host waits per chunk (on a transfer: a Work.wait() before the peer posted; on a compute: the "
-                  f"run-ahead bound of {loop[0]['run_ahead_computes'] if loop else '-'} computes), receive overlap "
-                  "from device events (steady state / all receives), logits against an unpipelined forward.", "",
-                  "| loopback | layout | host waits on transfers / chunk | host waits on computes / chunk | "
-                  "recv overlap steady | recv overlap all | max abs diff (of max logit) | wall s | peak alloc / "
-                  "reserved MiB |", "|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| loopback {r['schedule']} | {r['layout']} | {r['host_blocking_waits_per_chunk']:.2f} | "
-                  f"{r['host_compute_waits_per_chunk']:.2f} | {r['recv_overlap']:.3f} | {r['recv_overlap_all']:.3f} | "
-                  f"{r['max_abs_diff']:.2e} ({r['ref_scale']:.1f}) | {r['wall_s']:.3f} | "
-                  f"{r['peak_allocated_mib']:.0f} / {r['peak_reserved_mib']:.0f} |" for r in loop]
-    lines += ["", "### two ranks, torchrun", ""]
-    pair = c["two_ranks"]
-    if "skipped" in pair:
-        lines.append(f"Skipped: {pair['skipped']}.")
-    elif not pair["ok"]:
-        lines += [f"`{pair['command']}` FAILED:", "", "```", pair["error"], "```"]
-    else:
-        lines += [f"`{pair['command']}` ({pair['backend']}; peak memory: {pair['memory_method']})", "",
-                  "| schedule | TTFT s | max abs diff vs unpipelined | peak MiB per rank (allocated/reserved) |",
-                  "|---|---|---|---|"]
-        lines += [f"| {r['schedule']} | {r['ttft_s']:.3f} | {r['max_abs_diff']:.2e} | {r['peak_mib']} |"
-                  for r in pair["rows"]]
-    return "\n".join(lines) + "\n"
-
-
-def _mem(part: dict) -> str:
-    return f"Peak memory: {part['peak_allocated_mib']:.0f} MiB allocated, {part['peak_reserved_mib']:.0f} MiB reserved."
-
-
 def run_part(name: str, args, acc, device, preset: str) -> dict:
     """One part, in this process (called in the part's own subprocess). ``VPP_DEVICE_CHECK_FAIL=<part>``
     makes that part raise (the test of the isolation)."""
@@ -454,7 +375,7 @@ def main(argv=None) -> int:
             p.error(f"--parts={args.parts!r}: choose from {', '.join(LIMITS)}")
         parts = {name: spawn_part(name, passed, tmp) if name in wanted else {"error": "not run (--parts)"}
                  for name in LIMITS}
-    text = report(args, acc, device, parts)
+    text = report(acc, device, parts, LIMITS)
     print(text)
     out = args.out or (None if args.dry_run else os.path.join(ROOT, "benchmarks", "results"))
     if out:

@@ -11,10 +11,10 @@ import math
 import pytest
 import torch
 
-from vpp.transformer import moe as moe_module
+from vpp.transformer import expert_gemm as expert_gemm_module
 from vpp.transformer.attention import kernel as kernel_module
 from vpp.transformer.attention.kernel import npu_attention_route
-from vpp.transformer.moe import GroupedExperts, npu_gmm_calls, npu_grouped_mm
+from vpp.transformer.expert_gemm import GroupedExperts, npu_gmm_calls, npu_grouped_mm
 
 
 def reference_attention(q, k, v, scale):
@@ -167,8 +167,8 @@ def test_npu_grouped_mm_matches_the_per_expert_loop(monkeypatch, experts, limit,
         block.gate_up_proj.copy_(torch.randn(block.gate_up_proj.shape, generator=g) / 4)
         block.down_proj.copy_(torch.randn(block.down_proj.shape, generator=g) / 4)
     fake = FakeGroupedMatmul(limit)
-    monkeypatch.setattr(moe_module, "_torch_npu", lambda: fake)
-    monkeypatch.setattr(moe_module, "NPU_GMM_MAX_GROUPS", limit)
+    monkeypatch.setattr(expert_gemm_module, "_torch_npu", lambda: fake)
+    monkeypatch.setattr(expert_gemm_module, "NPU_GMM_MAX_GROUPS", limit)
     x = torch.randn(m, 16, generator=g)
     ends = counts.cumsum(0)
     out = block.grouped(x, ends)

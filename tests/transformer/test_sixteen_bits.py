@@ -9,7 +9,7 @@ from torch.nn.attention.bias import CausalBias
 
 import vpp.transformer.attention.kernel as kernel
 from vpp.models.registry import resolve_dtype
-from vpp.transformer.moe import choose_expert_gemm
+from vpp.transformer.expert_gemm import choose_expert_gemm
 
 H200 = dict(capability=(9, 0), torch_version=(2, 11), has_grouped_mm=True)
 
