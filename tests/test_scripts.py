@@ -48,6 +48,24 @@ def _rows(markdown: str, first_cell: str) -> list[list[str]]:
 # --- simulated (no processes but the script's own) ----------------------------------------------------
 
 @pytest.mark.slow
+def test_paper_sensitivity_quick(tmp_path):
+    """The adopted row, computed by the sensitivity script's own path (refit, rerun, score), must give
+    the committed paper_repro.json's count of predicted cells within; the variant must refit (a GEMM
+    efficiency halved moves the attention efficiency the fit finds) and keep the same cells scored."""
+    committed = ROOT / "benchmarks" / "results" / "paper_repro.json"
+    _run("-m", "benchmarks.paper_sensitivity", "--quick", "--statuses", str(committed), "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "paper_sensitivity.json").read_text())["rows"]
+    summary = json.loads(committed.read_text())["summary"]
+    adopted, half = rows
+    assert adopted["variant"] == "adopted" and half["changes"] == {"eff_matmul": 0.35}
+    assert len(adopted["within"]) == summary["predicted_within"]
+    assert adopted["scored"] == half["scored"] == summary["predicted_scored"]
+    assert abs(half["fit"]["eff_attn"] - adopted["fit"]["eff_attn"]) > 1e-3
+    md = (tmp_path / "paper_sensitivity.md").read_text()
+    assert f"{summary['predicted_within']} of {summary['predicted_scored']}" in md
+
+
+@pytest.mark.slow
 def test_beyond_paper_quick(tmp_path):
     _run("-m", "benchmarks.beyond_paper", "--quick", "--out", str(tmp_path))
     md = (tmp_path / "beyond_paper.md").read_text()
