@@ -25,7 +25,7 @@ from benchmarks import cell_status as CS, cells as C, paper_cells as PC, paper_m
 from benchmarks import paper_dcpp_steps as PDS
 from benchmarks.paper_streams import section_streams, streams
 from vpp.bench import paper
-from vpp.bench.sweep import MODELS, at, best, fitted_setups, sweep
+from vpp.bench.sweep import KV_BYTES, MODELS, WEIGHT_BYTES, at, best, fitted_setups, sweep
 from vpp.perf.decompose import VIEWS, decompose, rank_categories
 from vpp.perf.runs import run
 from vpp.plan import strategies
@@ -148,9 +148,18 @@ def section_constants(device) -> str:
                       "eff_attn", "eff_link", "link_latency", "kernel_overhead", "host_step")]
     return "\n".join(["## 0. Constants (Ascend 910C die, the paper's NPU)", "", md_table(["constant", "value", "source"], rows),
                       "", "Deployment: TP8 x PP2 (16 NPUs), experts over the 8 TP ranks (EP8), vLLM's PP hand-over; "
-                      "W8A8 weights for DeepSeek-V3.1 and GLM-5.2, BF16 for Qwen3-30B-A3B; BF16 activations and KV "
-                      "cache. DCPP: vLLM-Ascend's planner (min chunk 4096, smoothing 1.0, online calibration on). "
+                      f"weights {_formats(WEIGHT_BYTES, 'W8A8')}; KV cache {_formats(KV_BYTES, '8-bit (C8)')} (in BF16 "
+                      "DeepSeek-V3.1's 512K cache does not fit its busiest NPU, vpp/bench/sweep.py); BF16 activations. "
+                      "DCPP: vLLM-Ascend's planner (min chunk 4096, smoothing 1.0, online calibration on). "
                       "Even layer split (DeepSeek 31/30 on the loop, 16/15/15/15 on the V).", ""])
+
+
+def _formats(bytes_by_model: dict, one_byte: str) -> str:
+    """'<one_byte> for A and B, BF16 for C' from bytes per element by model."""
+    groups = {}
+    for model, b in bytes_by_model.items():
+        groups.setdefault(one_byte if b == 1 else "BF16", []).append(model)
+    return ", ".join(f"{fmt} for {' and '.join(ms)}" for fmt, ms in groups.items())
 
 
 def section_cells(cells, dropped, score) -> str:
