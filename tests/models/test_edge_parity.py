@@ -13,7 +13,9 @@ chunked, cached and pipelined matrix with the default tiny configs is tests/mode
   kernel likes, and transformers' own prefill (one row of every key) and decode (a row of the cached
   keys) do not agree with each other either, so the check there is on the selected scores;
 * decoding from a prompt shorter than index_topk into the sparse regime, against transformers'
-  greedy generate.
+  greedy generate;
+* router rows tied exactly (identical gate rows and biases, within and across expert groups): the
+  experts and weights transformers' routers pick.
 
 Tolerance: as tests/models/test_parity.py (fp32 sums reordered: ~2e-6 to 4e-6 on logits of O(1-5);
 ``atol=rtol=1e-4``). The tied head makes the logits ~8x larger (the embedding has std 1), still far
@@ -26,9 +28,12 @@ import pytest
 import torch
 
 from tests.models.hf_tiny import VOCAB, model as hf_model
+from vpp.config import model_config
 from vpp.models import load_stage
+from vpp.models.blocks import moe_config
 from vpp.parallel import ParallelGroups
 from vpp.runtime import Pipeline
+from vpp.transformer.router import Router
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 N = 53  # the prompt: no chunk size below divides it
@@ -83,7 +88,8 @@ def test_config_variants_match_transformers(name, tmp_path):
     with torch.no_grad():
         ref = m(ids[None]).logits[0]
     for chunking in CHUNKINGS:
-        torch.testing.assert_close(_prefill(stage, ids, chunking), ref, **TOL, msg=lambda m: f"{chunking}: {m}")
+        torch.testing.assert_close(_prefill(stage, ids, chunking), ref, **TOL,
+                                   msg=lambda m, c=chunking: f"chunks {c}: {m}")
 
 
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "qwen3_moe"])
@@ -96,7 +102,8 @@ def test_yarn_past_the_original_context(model_type, tmp_path):
     with torch.no_grad():
         ref = m(ids[None]).logits[0]
     for chunking in (150, 37, [63, 2, 85]):
-        torch.testing.assert_close(_prefill(stage, ids, chunking), ref, **TOL, msg=lambda m: f"{chunking}: {m}")
+        torch.testing.assert_close(_prefill(stage, ids, chunking), ref, **TOL,
+                                   msg=lambda m, c=chunking: f"chunks {c}: {m}")
 
 
 def _hf_selections(m, ids) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -162,8 +169,9 @@ def test_indexer_selects_the_keys_transformers_selects(model_type, index_topk, t
         assert sorted(ours) == sorted(ref)  # the same layers run an indexer
         for layer, rows in ours.items():
             for i, got in enumerate(rows):
-                want = {t for t in ref[layer][0][i].tolist() if t <= i}  # transformers pads short rows with future keys
-                assert got == want, f"{chunking}, layer {layer}, query {i}: vpp {sorted(got)}, transformers {sorted(want)}"
+                want = {t for t in ref[layer][0][i].tolist() if t <= i}  # short rows are padded with future keys
+                assert got == want, f"{chunking}, layer {layer}, query {i}: vpp {sorted(got)}, " \
+                                    f"transformers {sorted(want)}"
 
 
 def test_few_indexer_heads_differ_only_among_tied_scores(tmp_path):
@@ -205,3 +213,33 @@ def test_decode_from_below_index_topk_into_sparse(model_type, n, chunk, tmp_path
                          pad_token_id=0, eos_token_id=None)[0, n:].tolist()
     pipe = Pipeline([stage], ParallelGroups.single())
     assert pipe.generate(ids, 12, chunk, schedule="cpp").tokens[0] == ref
+
+
+@pytest.mark.parametrize("model_type,groups", [("deepseek_v3", (2, 1, 2)), ("deepseek_v3", (4, 2, 3)),
+                                               ("deepseek_v3", (1, 1, 2)), ("qwen3_moe", (1, 1, 2))])
+def test_tied_router_rows_pick_the_experts_transformers_picks(model_type, groups):
+    """Experts with identical router rows (and correction biases) score exactly alike, for every token
+    (all 8 rows equal) or pairwise: the choice among them is torch.topk's order of ties, the same
+    call on the same row in both, so the same experts with the same weights."""
+    n_group, topk_group, k = groups
+    m = hf_model(model_type, n_group=n_group, topk_group=topk_group, num_experts_per_tok=k)
+    ref = m.model.layers[1].mlp.gate
+    cfg = model_config(m.config.to_dict())
+    ours = Router(moe_config(cfg))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, cfg["hidden_size"], generator=g)
+    every = (torch.randn(1, cfg["hidden_size"], generator=g).expand(8, -1), torch.zeros(8))  # all 8 tie
+    pairs = (torch.randn(4, cfg["hidden_size"], generator=g).repeat_interleave(2, 0),
+             torch.randn(4, generator=g).repeat_interleave(2) * 0.1)
+    for rows, bias in (every, pairs):
+        with torch.no_grad():
+            ref.weight.copy_(rows)
+            ours.weight.copy_(rows)
+            if ours.e_score_correction_bias is not None:
+                ref.e_score_correction_bias.copy_(bias)
+                ours.e_score_correction_bias.copy_(bias)
+            _, want_w, want_ids = ref(x)
+        got_w, got_ids = ours(x)
+        order_ours, order_ref = got_ids.argsort(-1), want_ids.argsort(-1)
+        assert torch.equal(got_ids.gather(1, order_ours), want_ids.gather(1, order_ref))
+        torch.testing.assert_close(got_w.gather(1, order_ours), want_w.gather(1, order_ref).to(got_w.dtype))

@@ -43,7 +43,8 @@ def _run(rank, world, cases, first, more):
         for schedule in SCHEDULES:
             stages = model.stages(model.layout_for(schedule, world), groups)
             pipe = Pipeline(stages, groups, timeout_s=120)
-            mine = lambda ids: ids if any(s.is_first for s in stages) else None  # noqa: E731
+            holds_first = any(s.is_first for s in stages)
+            mine = lambda ids, holds_first=holds_first: ids if holds_first else None  # noqa: E731
             turn1 = pipe.generate(mine(first), NEW, [[7, 1, FIRST - 8]], schedule=schedule, request_ids=[3],
                                   release=False).tokens[3]
             held = {st.cache_length(3) for st in stages}
@@ -72,7 +73,7 @@ def results(tmp_path_factory):
         m.save_pretrained(root / model_type)
         cases.append((model_type, str(root / model_type)))
         with torch.no_grad():
-            def greedy(ids):
+            def greedy(ids, m=m):
                 seq = m.generate(ids[None], attention_mask=torch.ones_like(ids)[None], max_new_tokens=NEW,
                                  do_sample=False, pad_token_id=0, eos_token_id=None)
                 return seq[0, ids.numel():].tolist()
@@ -100,4 +101,4 @@ def test_cached_prefixes_around_index_topk_match_transformers(results, model_typ
     for rank, res in enumerate(per_rank):
         for c in CACHED:
             torch.testing.assert_close(res[(model_type, schedule, c)], refs[model_type][2], atol=1e-4, rtol=1e-4,
-                                       msg=lambda m: f"rank {rank}, cached_tokens={c}: {m}")
+                                       msg=lambda m, r=rank, c=c: f"rank {r}, cached_tokens={c}: {m}")
