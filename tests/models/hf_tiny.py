@@ -30,19 +30,19 @@ _DSA = dict(index_topk=INDEX_TOPK, index_n_heads=16, index_head_dim=16)
 
 
 def config(model_type: str, index_topk_freq: int = 2, **overrides):
-    """The tiny config of ``model_type``; ``overrides`` replace keys of the common part (widths, the
-    number of layers); GLM-5 shares indexers every ``index_topk_freq``-th layer (1: none)."""
-    common = {**_COMMON, **overrides}
+    """The tiny config of ``model_type``; ``overrides`` replace any of its keys (widths, the number of
+    layers, MLA ranks, routing, index_topk, ...); GLM-5 shares indexers every ``index_topk_freq``-th
+    layer (1: none)."""
     if model_type == "qwen3_moe":
         # one KV head: at TP = 2 each rank holds a replica of it; layer 0 is dense (mlp_only_layers)
-        return tf.Qwen3MoeConfig(**common, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-                                 num_experts=8, norm_topk_prob=True, mlp_only_layers=[0])
+        return tf.Qwen3MoeConfig(**{**_COMMON, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16,
+                                    "num_experts": 8, "norm_topk_prob": True, "mlp_only_layers": [0], **overrides})
     if model_type == "deepseek_v3":
-        return tf.DeepseekV3Config(**common, **_MLA)
+        return tf.DeepseekV3Config(**{**_COMMON, **_MLA, **overrides})
     if model_type == "deepseek_v32":
-        return tf.DeepseekV32Config(**common, **_MLA, **_DSA)
+        return tf.DeepseekV32Config(**{**_COMMON, **_MLA, **_DSA, **overrides})
     # GLM-5 IndexShare: with 4 layers and freq 2, indexer_types = full, full, shared, full (offset 2)
-    return tf.GlmMoeDsaConfig(**common, **_MLA, **_DSA, index_topk_freq=index_topk_freq)
+    return tf.GlmMoeDsaConfig(**{**_COMMON, **_MLA, **_DSA, "index_topk_freq": index_topk_freq, **overrides})
 
 
 def model(model_type: str, seed: int = 0, **config_kw):
