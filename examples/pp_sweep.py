@@ -70,11 +70,15 @@ if __name__ == "__main__":
     p.add_argument("--pp", default="1,2,3,4", help="comma-separated PP degrees (spawned runs)")
     args = p.parse_args()
     degrees = [None] if launched_by_torchrun() else [int(x) for x in args.pp.split(",")]
-    print("| PP | schedule | layout | wall s | makespan s | bubble ratio | first token |")
-    print("|---|---|---|---|---|---|---|")
+    header = ["| PP | schedule | layout | wall s | makespan s | bubble ratio | first token |", "|---|---|---|---|---|---|---|"]
     for pp in degrees:
         results = launch(sweep, pp or 0, args)
-        rows = next(r for r in results if r is not None)
+        rows = next((r for r in results if r is not None), None)
+        if rows is None:  # under torchrun, every rank but pipeline rank 0: that one prints the table
+            continue
+        if header:
+            print(*header, sep="\n")
+            header = []
         for world, schedule, layout, wall, makespan, bubble, token in rows:
             if wall is None:
                 print(f"| {world} | {schedule} | {layout} | - | - | - | {token} |")

@@ -63,7 +63,7 @@ CASES = [
     ("serve-sim --n 5", 2, r"--n applies to --workload short or mixed, not long"),
     ("serve-sim --workload short --repeat 3", 2, r"--repeat applies to --workload long, not short"),
     ("serve-sim --workload mixed --length 4096", 2, r"--length applies to --workload short, not mixed"),
-    ("serve-bench --n 0", 2, r"argument --n: must be an integer >= 1, got 0"),
+    ("serve-bench --n 0", 2, r"argument --n/--requests: must be an integer >= 1, got 0"),
     ("serve-bench --contenders cpp,fast", 2, r"--contenders: unknown strategy 'fast'"),
     ("serve-bench --workload mixed --chunk-size 512 --contenders cpp,gpipe", 2,
      r"--contenders gpipe needs prompt lengths that are multiples of --chunk-size 512"),

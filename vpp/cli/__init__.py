@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         prog = f"vpp {args.command}"
+        # the arguments as given: under torchrun every rank (of every node) must have the same (launch's `same`)
+        args._given = {"--" + k.replace("_", "-"): v for k, v in vars(args).items() if k not in ("_module", "debug")}
         setup_logging()
         module = importlib.import_module(args._module)
         if hasattr(module, "check"):
@@ -102,6 +104,8 @@ def _fail(prog: str, message: str, code: int, debug: bool) -> int:
         traceback.print_exc()
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     if _under_torchrun():
+        from vpp.parallel.spawn import announce_start_failure
+        announce_start_failure(f"{prog}: error: {message}")  # peers still waiting at the start stop now
         sys.stdout.flush()
         os._exit(code)
     return code

@@ -352,7 +352,7 @@ def run(args) -> int:
     job = args.job
     world = job.tp * job.pp + (job.decode_tp * job.decode_pp if job.decode_tp else 0)
     values = launch(_worker, world, job, args.tokenizer is not None, timeout=job.timeout_s * 2, threads=args.threads,
-                    pg_timeout_s=job.timeout_s)
+                    pg_timeout_s=job.timeout_s, same=args._given)
     gen = next((v for v in values if v is not None), None)
     if gen is None:  # under torchrun, every rank but the one that reports
         return 0

@@ -173,7 +173,7 @@ def run(args) -> int:
     from vpp.parallel import launch
     device = None if args.device == "auto" else args.device
     out = launch(_worker, cfg.tp * cfg.pp, cfg, timeout=cfg.timeout_s * 2, threads=args.threads,
-                 pg_timeout_s=cfg.timeout_s, device=device)[0]
+                 pg_timeout_s=cfg.timeout_s, device=device, same=args._given)[0]
     if out is None:  # under torchrun, every rank but global rank 0
         return 0
     rows, facts = out

@@ -21,7 +21,9 @@ def add_arguments(p) -> None:
     p.add_argument("--workload", default="long", choices=("long", "mixed", "short"),
                    help="the paper's request streams (Sec. 6.1), scaled down")
     p.add_argument("--scale", type=positive_float, default=64, help="paper token counts are divided by this")
-    p.add_argument("--n", type=positive_int, help="number of requests (mixed: 24, short: 12)")
+    # --requests: under torchrun `--n` is refused as an abbreviation of torchrun's own --nnodes / --nproc-per-node
+    p.add_argument("--n", "--requests", dest="n", type=positive_int, metavar="N",
+                   help="number of requests (mixed: 24, short: 12)")
     p.add_argument("--concurrency", type=positive_int, help="requests in flight (long: 1, mixed: 4, short: all)")
     p.add_argument("--lengths", type=int_list, help="long workload: comma-separated paper-scale lengths (default 64K..1M)")
     p.add_argument("--chunk-size", type=positive_int, default=512, help="tokens per chunk (DCPP: its token budget)")
@@ -77,7 +79,8 @@ def _worker(rank, world, cfg):
 def run(args) -> int:
     from vpp.parallel import launch
     cfg = args.cfg
-    out = launch(_worker, cfg.pp, cfg, timeout=cfg.timeout_s * 2, pg_timeout_s=cfg.timeout_s)[0]
+    out = launch(_worker, cfg.pp, cfg, timeout=cfg.timeout_s * 2, pg_timeout_s=cfg.timeout_s,
+                 same=args._given)[0]
     if out is None:
         return 0
     rows, facts = out

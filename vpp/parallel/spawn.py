@@ -127,11 +127,35 @@ def _rendezvous(init_method: str, rank: int | None, world_size: int | None,
     store.add(key, 1)
     deadline = time.monotonic() + timeout_s
     while int(store.add(key, 0)) < world_size:
+        if store.check([_FAILED_KEY]):  # a peer failed before it got here (announce_start_failure)
+            failed, message = store.get(_FAILED_KEY).decode().split(" ", 1)
+            exc = RuntimeError(f"global rank {failed} failed before the ranks started: {message}")
+            exc.global_rank = int(failed)  # type: ignore[attr-defined]
+            raise exc
         if time.monotonic() > deadline:
             raise RuntimeError(f"global rank {rank}: {int(store.add(key, 0))} of {world_size} ranks reached the "
                                f"rendezvous within {timeout_s:.0f}s")
         time.sleep(0.01)
     return store, rank, world_size
+
+
+_FAILED_KEY = "vpp-failed"
+
+
+def announce_start_failure(message: str, timeout_s: float = 5.0) -> None:
+    """Under torchrun, before this rank has joined the process group: tell the peers waiting at the
+    start-up rendezvous (:func:`init_distributed`) that it failed, with ``message``, so they stop at
+    once, naming it, instead of waiting out the start-up timeout (on other nodes torchrun does not
+    stop them). Only where torchrun's agent hosts that store (``TORCHELASTIC_USE_AGENT_STORE``, its
+    default), so that it is there whichever rank failed; best effort."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true" or dist.is_initialized():
+        return
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        store.compare_set(_FAILED_KEY, "", f"{int(os.environ['RANK'])} {message}")  # the first failure stays
+    except Exception:  # noqa: BLE001 -- best effort: the peers still end at their start-up timeout
+        pass
 
 
 def check_device_count(acc: Accelerator, ranks: int) -> None:
@@ -327,7 +351,8 @@ def _raise_root_failure(procs, results, world_size, failures: dict[int, tuple], 
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 3600.0,
-           threads: int = 1, pg_timeout_s: float | None = None, device: str | None = None) -> list[Any]:
+           threads: int = 1, pg_timeout_s: float | None = None, device: str | None = None,
+           same: dict | None = None) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on every rank: in this process when started by torchrun
     (one rank per process, any number of nodes; returns ``[this rank's value]``), else on
     ``world_size`` spawned ranks of this node (returns every rank's value). ``device``: ``"cpu"``,
@@ -336,9 +361,19 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     collective of the process group (default: ``timeout``).
 
     Under torchrun a failure propagates and the process group is not torn down (a transfer stuck in
-    a dead peer would block the teardown): the caller exits, and torchrun stops the other ranks."""
+    a dead peer would block the teardown): the caller exits, and torchrun stops the other ranks. Each
+    rank dies with its torchrun (SIGKILL of the launcher included), as spawned ranks die with their parent.
+
+    ``same``: values every rank must be started with (a command's arguments). Ranks that torchrun
+    started on several nodes each parse their own command line; before ``fn`` runs they compare
+    ``same`` (:func:`check_same_on_every_rank`), and any difference fails every rank with one line
+    naming the ranks and keys. Spawned ranks share one by construction."""
     if launched_by_torchrun():
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's agent is the parent
+            _die_with_parent(os.getppid())
         init_distributed(get_accelerator(device), timeout_s=pg_timeout_s or timeout)
+        if same is not None:
+            check_same_on_every_rank(same)
         value = fn(dist.get_rank(), dist.get_world_size(), *args)
         dist.destroy_process_group()
         return [value]
@@ -346,7 +381,26 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
                            device=device)
 
 
+def check_same_on_every_rank(values: dict) -> None:
+    """Raise ``ValueError`` on every rank unless every rank of the default process group holds equal
+    ``values`` (one all-gather): the message names the ranks that differ from global rank 0 and, per
+    differing key, their value beside rank 0's."""
+    world = dist.get_world_size()
+    if world == 1:
+        return
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, values)
+    ref = everyone[0]
+    differ = [r for r, v in enumerate(everyone) if v != ref]
+    if not differ:
+        return
+    keys = sorted(k for k in set(ref) | set(everyone[differ[0]]) if ref.get(k) != everyone[differ[0]].get(k))
+    what = "; ".join(f"{k} {everyone[differ[0]].get(k)!r} (global rank 0: {ref.get(k)!r})" for k in keys)
+    raise ValueError(f"global rank(s) {differ} of {world} were started with other arguments than global rank 0: "
+                     f"global rank {differ[0]} has {what}")
+
+
 __all__ = [
-    "RankFailure", "check_device_count", "init_distributed", "launch", "launched_by_torchrun",
-    "run_distributed",
+    "RankFailure", "announce_start_failure", "check_device_count", "check_same_on_every_rank", "init_distributed", "launch",
+    "launched_by_torchrun", "run_distributed",
 ]
