@@ -43,6 +43,16 @@ def test_pp_sweep_rows_agree_on_the_first_token():
     assert "skipped: one rank holds every stage" in out
 
 
+def test_pp_sweep_under_torchrun_prints_one_table():
+    """Under torchrun every rank runs the script: one (pipeline rank 0) prints the table, the others end
+    with exit 0 (they raised StopIteration and printed the header too)."""
+    out = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "examples/pp_sweep.py",
+               "--seq-len", "64", "--chunk-size", "16")
+    assert out.count("| PP | schedule |") == 1, out
+    rows = [line for line in out.splitlines() if re.match(r"\| 2 \|", line)]
+    assert len(rows) == 5, out  # the 5 variants at PP = world size, once
+
+
 def test_generate_example_decodes_two_prompts():
     out = _run("examples/generate.py", "--seq-len", "96", "--chunk-size", "32", "--max-new-tokens", "4")
     rows = re.findall(r"prompt (\d) \((\d+) tokens\): \[([\d, ]+)\]", out)
