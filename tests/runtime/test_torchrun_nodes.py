@@ -1,0 +1,138 @@
+"""``vpp prefill`` under torchrun on two "nodes": two torchrun launchers on this machine, one rank each,
+meeting at a static rendezvous on a free localhost port (``--nnodes 2 --node-rank {0,1}``), as a
+cluster runs it. Each launcher runs in a session of its own, so that everything it started (its
+rank included, even once orphaned) is killed when a case ends, passed or failed.
+
+Failures that only several nodes show: an argument that differs between the nodes (each node parses
+its own command line), a rank that fails its checks while the other node waits at the start, and a
+node whose launcher is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here starts processes
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+# start-up of two launchers and two interpreters importing torch on a loaded 2-core machine, then a toy
+# run of a few seconds; a rank that waited out the start-up timeout (300 s) would pass this bound
+BOUND_S = 120.0
+PREFILL = ["prefill", "--model", "toy", "--pp", "2", "--chunk-size", "16", "--repeat", "1", "--no-warmup",
+           "--schedule", "vpp", "--timeout", "30"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TwoNodes:
+    """Two torchrun launchers (node ranks 0 and 1) running ``python -m vpp ARGS`` with one rank each."""
+
+    def __init__(self, tmp: Path, args0: list[str], args1: list[str]):
+        port, self.tmp, self.procs = _free_port(), tmp, []
+        for node, args in enumerate((args0, args1)):
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                   "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                   "-m", "vpp", *args]
+            with open(tmp / f"out{node}", "w") as out, open(tmp / f"err{node}", "w") as err:
+                self.procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=ENV, cwd=ROOT,
+                                                   start_new_session=True))
+
+    def wait(self) -> list[int]:
+        deadline = time.monotonic() + BOUND_S
+        return [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in self.procs]
+
+    def err(self, node: int) -> str:
+        return (self.tmp / f"err{node}").read_text()
+
+    def stop(self) -> None:
+        """Kill both sessions (launchers, ranks, orphans) and reap the launchers."""
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=10)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    started: list[TwoNodes] = []
+
+    def start(args0, args1) -> TwoNodes:
+        started.append(TwoNodes(tmp_path, args0, args1))
+        return started[-1]
+    yield start
+    for n in started:
+        n.stop()
+
+
+def test_an_argument_that_differs_between_nodes_fails_every_rank_naming_it(nodes):
+    """Before: the ranks ran with different prompts (a layout that differs, a confusing pipeline error,
+    or, with the same layout, a run that silently reported node 0's prompt length)."""
+    run = nodes([*PREFILL, "--seq-len", "64"], [*PREFILL, "--seq-len", "128"])
+    codes = run.wait()
+    assert codes[0] != 0 and codes[1] != 0, (run.err(0)[-2000:], run.err(1)[-2000:])
+    said = ("vpp prefill: error: global rank(s) [1] of 2 were started with other arguments than global rank 0: "
+            "global rank 1 has --seq-len 128 (global rank 0: 64)")
+    for node in (0, 1):
+        assert said in run.err(node), run.err(node)[-2000:]
+
+
+def test_a_rank_that_fails_its_checks_stops_the_other_node_at_the_start(nodes):
+    """Node 1's rank refuses its arguments before it joins; node 0's rank, waiting at the start-up
+    rendezvous, stops at once naming it (before: it waited out the 300 s start-up timeout)."""
+    run = nodes([*PREFILL, "--seq-len", "64"], [*PREFILL, "--seq-len", "64", "--cached-prefix", "64"])
+    codes = run.wait()
+    assert codes[0] != 0 and codes[1] != 0
+    own = "vpp prefill: error: --cached-prefix 64 leaves nothing to prefill of a 64-token prompt"
+    assert own in run.err(1), run.err(1)[-2000:]
+    assert f"vpp prefill: error: global rank 1 failed before the ranks started: {own}" in run.err(0), \
+        run.err(0)[-2000:]
+
+
+def test_a_rank_dies_with_its_torchrun(nodes):
+    """SIGKILL of node 1's launcher mid-run: its rank ends too (before: it ran on, orphaned, and node 0's
+    launcher then waited for the dead one), and node 0 fails."""
+    run = nodes([*PREFILL, "--seq-len", "4096", "--repeat", "200"], [*PREFILL, "--seq-len", "4096", "--repeat", "200"])
+    deadline = time.monotonic() + BOUND_S
+    while " chunks" not in run.err(0):  # node 0's rank reports a finished step: both ranks run
+        assert time.monotonic() < deadline and run.procs[0].poll() is None, run.err(0)[-2000:]
+        time.sleep(0.2)
+    agent = run.procs[1].pid
+    ranks = _children(agent)
+    assert ranks, "node 1's launcher has no rank"
+    os.kill(agent, signal.SIGKILL)
+    run.procs[1].wait(timeout=10)
+    end = time.monotonic() + 20
+    while any(_running(r) for r in ranks) and time.monotonic() < end:
+        time.sleep(0.2)
+    left = [r for r in ranks if _running(r)]
+    assert not left, f"node 1's rank {left} outlived its launcher"
+    assert run.procs[0].wait(timeout=BOUND_S) != 0
