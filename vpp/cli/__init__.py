@@ -6,7 +6,9 @@ Every problem is one line on stderr, ``vpp <command>: error: ...``: argument and
 problems (found before any rank starts) exit 2, failures while running exit 1, Ctrl-C exits 130.
 ``--debug`` shows the traceback as well. Under torchrun a failed rank exits at once after its line
 (``os._exit``): a transfer stuck in a dead peer would otherwise keep the process alive, and torchrun
-stops the other ranks when one exits.
+stops the other ranks when one exits; a rank that fails before the ranks start also tells the
+ranks waiting for it at the rendezvous (on other nodes torchrun would not stop them). The arguments
+as given go to ``launch(same=...)``: nodes started with different ones are refused on every rank.
 """
 
 from __future__ import annotations

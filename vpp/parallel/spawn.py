@@ -391,16 +391,18 @@ def check_same_on_every_rank(values: dict) -> None:
     everyone: list = [None] * world
     dist.all_gather_object(everyone, values)
     ref = everyone[0]
-    differ = [r for r, v in enumerate(everyone) if v != ref]
+    # compared as text: a float NaN given on every rank is the same argument, yet unequal to itself
+    differ = [r for r, v in enumerate(everyone) if repr(v) != repr(ref)]
     if not differ:
         return
-    keys = sorted(k for k in set(ref) | set(everyone[differ[0]]) if ref.get(k) != everyone[differ[0]].get(k))
-    what = "; ".join(f"{k} {everyone[differ[0]].get(k)!r} (global rank 0: {ref.get(k)!r})" for k in keys)
+    other = everyone[differ[0]]
+    keys = sorted(k for k in set(ref) | set(other) if repr(ref.get(k)) != repr(other.get(k)))
+    what = "; ".join(f"{k} {other.get(k)!r} (global rank 0: {ref.get(k)!r})" for k in keys)
     raise ValueError(f"global rank(s) {differ} of {world} were started with other arguments than global rank 0: "
                      f"global rank {differ[0]} has {what}")
 
 
 __all__ = [
-    "RankFailure", "announce_start_failure", "check_device_count", "check_same_on_every_rank", "init_distributed", "launch",
-    "launched_by_torchrun", "run_distributed",
+    "RankFailure", "announce_start_failure", "check_device_count", "check_same_on_every_rank", "init_distributed",
+    "launch", "launched_by_torchrun", "run_distributed",
 ]
