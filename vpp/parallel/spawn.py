@@ -127,8 +127,8 @@ def _rendezvous(init_method: str, rank: int | None, world_size: int | None,
     store.add(key, 1)
     deadline = time.monotonic() + timeout_s
     while int(store.add(key, 0)) < world_size:
-        if store.check([_FAILED_KEY]):  # a peer failed before it got here (announce_start_failure)
-            failed, message = store.get(_FAILED_KEY).decode().split(" ", 1)
+        if store.check([_failed_key()]):  # a peer failed before it got here (announce_start_failure)
+            failed, message = store.get(_failed_key()).decode().split(" ", 1)
             exc = RuntimeError(f"global rank {failed} failed before the ranks started: {message}")
             exc.global_rank = int(failed)  # type: ignore[attr-defined]
             raise exc
@@ -139,7 +139,10 @@ def _rendezvous(init_method: str, rank: int | None, world_size: int | None,
     return store, rank, world_size
 
 
-_FAILED_KEY = "vpp-failed"
+def _failed_key() -> str:
+    """The store key of a start-up failure, one per attempt (torchrun's agent keeps its store across
+    the restarts of ``--max-restarts``)."""
+    return f"vpp-failed-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 def announce_start_failure(message: str, timeout_s: float = 5.0) -> None:
@@ -153,7 +156,7 @@ def announce_start_failure(message: str, timeout_s: float = 5.0) -> None:
     try:
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                               timeout=datetime.timedelta(seconds=timeout_s))
-        store.compare_set(_FAILED_KEY, "", f"{int(os.environ['RANK'])} {message}")  # the first failure stays
+        store.compare_set(_failed_key(), "", f"{int(os.environ['RANK'])} {message}")  # the first failure stays
     except Exception:  # noqa: BLE001 -- best effort: the peers still end at their start-up timeout
         pass
 
