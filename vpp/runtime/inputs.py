@@ -50,13 +50,20 @@ def check_sizes(sizes: Sequence[Any], what: str) -> list[int]:
 
 
 def check_timeout(timeout_s: Any) -> float:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
-        raise ValueError(f"timeout_s={timeout_s!r} must be a number of seconds > 0")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < float("inf"):
+        raise ValueError(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0")
     return float(timeout_s)
 
 
 def check_request_ids(ids: Sequence[Any], count: int) -> list:
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, range)):
+        raise ValueError(f"request_ids must be a list of integers >= 0, one per prompt; got {type(ids).__name__}")
     ids = list(ids)
+    bad = [q for q in ids if not is_count(q) or q < 0]
+    if bad:
+        raise ValueError(f"request_ids must be integers >= 0 (the plan numbers requests by them); got {bad[0]!r} "
+                         f"in {ids}")
+    ids = [int(q) for q in ids]
     if len(ids) != count:
         raise ValueError(f"{len(ids)} request ids for {count} prompts")
     seen, repeated = set(), []
@@ -67,6 +74,30 @@ def check_request_ids(ids: Sequence[Any], count: int) -> list:
     if repeated:
         raise ValueError(f"request ids must be unique; {repeated} repeat in {ids}")
     return ids
+
+
+def check_steps(steps: Any, ids: Sequence[Any]) -> tuple:
+    """Shared steps as given (lists of (prompt index, chunk index) pairs) with request ids in place of
+    prompt indices; one line naming what is wrong otherwise."""
+    def bad(why: str) -> ValueError:
+        return ValueError(f"steps must be lists of (prompt index, chunk index) pairs: {why}")
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence):
+        raise bad(f"got {type(steps).__name__} {steps!r:.60}")
+    out = []
+    for i, step in enumerate(steps):
+        if isinstance(step, (str, bytes)) or not isinstance(step, Sequence) or not step:
+            raise bad(f"step {i} is {step!r:.60}")
+        pairs = []
+        for pair in step:
+            if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2 \
+                    or not all(is_count(x) and x >= 0 for x in pair):
+                raise bad(f"step {i} holds {pair!r:.60}")
+            q, c = int(pair[0]), int(pair[1])
+            if q >= len(ids):
+                raise bad(f"step {i} names prompt {q}, but there are {len(ids)} prompts")
+            pairs.append((ids[q], c))
+        out.append(tuple(pairs))
+    return tuple(out)
 
 
 def as_prompts(input_ids: Any) -> tuple[list[torch.Tensor] | None, str | None]:
@@ -100,6 +131,6 @@ def as_prompts(input_ids: Any) -> tuple[list[torch.Tensor] | None, str | None]:
 
 
 __all__ = [
-    "Chunking", "as_prompts", "check_chunking", "check_request_ids", "check_sizes", "check_timeout",
-    "is_count",
+    "Chunking", "as_prompts", "check_chunking", "check_request_ids", "check_sizes", "check_steps",
+    "check_timeout", "is_count",
 ]
