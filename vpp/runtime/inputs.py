@@ -8,8 +8,9 @@ instead of one rank raising while the others wait.
 
 from __future__ import annotations
 
+import hashlib
 import numbers
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -56,7 +57,7 @@ def check_timeout(timeout_s: Any) -> float:
 
 
 def check_request_ids(ids: Sequence[Any], count: int) -> list:
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, range)):
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise ValueError(f"request_ids must be a list of integers >= 0, one per prompt; got {type(ids).__name__}")
     ids = list(ids)
     bad = [q for q in ids if not is_count(q) or q < 0]
@@ -100,6 +101,48 @@ def check_steps(steps: Any, ids: Sequence[Any]) -> tuple:
     return tuple(out)
 
 
+def call_signature(**arguments: Any) -> tuple[tuple[str, str], ...]:
+    """The arguments every rank must give alike, as (name, short text) pairs compared after the
+    prompts' exchange (:func:`call_disagreement`): a chunk size of 8 on one rank and 16 on another
+    would otherwise build different plans, which abort in gloo or hang until the timeout. A function
+    is named by its qualified name (its identity differs between processes); a long value by a hash."""
+    out = []
+    for name, value in arguments.items():
+        if callable(value):
+            text = f"function {getattr(value, '__qualname__', type(value).__name__)}"
+        else:
+            text = repr(_plain(value))
+            if len(text) > 80:
+                text = f"{text[:60]}... (blake2b {hashlib.blake2b(text.encode(), digest_size=6).hexdigest()})"
+        out.append((name, text))
+    return tuple(out)
+
+
+def _plain(value: Any) -> Any:
+    """numpy numbers as Python ones, sequences as lists (their repr is then the same on every rank)."""
+    if isinstance(value, bool) or value is None or isinstance(value, (str, bytes)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (Sequence, range)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def call_disagreement(infos: Sequence[Any]) -> str | None:
+    """The first argument whose :func:`call_signature` differs between ranks, naming two of them, or
+    None. ``infos`` carry ``global_rank`` and ``call``."""
+    first = infos[0]
+    for info in infos[1:]:
+        for (name, mine), (_, theirs) in zip(first.call, info.call):
+            if mine != theirs:
+                return (f"ranks were given different {name}: global rank {first.global_rank} has {mine}, global "
+                        f"rank {info.global_rank} has {theirs}; every rank must make the same call")
+    return None
+
+
 def as_prompts(input_ids: Any) -> tuple[list[torch.Tensor] | None, str | None]:
     """(prompts, problem). One prompt is a 1-D integer tensor ([1, n] is taken as [n]) or a list of
     ints; several prompts are a list of those. A problem is returned, not raised (see the module
@@ -131,6 +174,6 @@ def as_prompts(input_ids: Any) -> tuple[list[torch.Tensor] | None, str | None]:
 
 
 __all__ = [
-    "Chunking", "as_prompts", "check_chunking", "check_request_ids", "check_sizes", "check_steps",
+    "Chunking", "as_prompts", "call_disagreement", "call_signature", "check_chunking", "check_request_ids", "check_sizes", "check_steps",
     "check_timeout", "is_count",
 ]

@@ -21,7 +21,7 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -55,6 +55,7 @@ class PromptInfo:
     run_key: str
     global_rank: int = 0
     prompt_digest: str | None = None  # of the prompts this rank was given, stage 0 or not (None: none given)
+    call: tuple[tuple[str, str], ...] = ()  # the arguments every rank gives alike (inputs.call_signature)
 
 
 @dataclass
@@ -129,8 +130,15 @@ class Pipeline:
         if concurrency is not None and (not inputs.is_count(concurrency) or concurrency < 1):
             raise ValueError(f"concurrency={concurrency!r} must be a positive integer or None")
         prompts, problem = inputs.as_prompts(input_ids)
-        infos = self._exchange_prompts(prompts, problem, self._held_problem(prompts, request_ids, cached_tokens))
-        problem = handshake.disagreement(infos) or handshake.first_problem(infos)
+        if request_ids is not None and not isinstance(request_ids, (str, bytes)) and isinstance(request_ids, Iterable):
+            request_ids = list(request_ids)  # a generator is read once, here
+        call = inputs.call_signature(schedule=schedule, chunk_size=chunk_size, request_ids=request_ids,
+                                     arrivals=arrivals, concurrency=concurrency, return_trace=return_trace,
+                                     decode_room=decode_room, cached_tokens=cached_tokens, steps=steps)
+        infos = self._exchange_prompts(prompts, problem, self._held_problem(prompts, request_ids, cached_tokens),
+                                       call)
+        problem = (handshake.disagreement(infos) or inputs.call_disagreement(infos)
+                   or handshake.first_problem(infos))
         if problem:
             raise ValueError(problem)
         lengths = handshake.prompt_lengths(infos)
@@ -221,8 +229,8 @@ class Pipeline:
             raise ValueError(first)
 
     def _held_problem(self, prompts, request_ids, cached_tokens) -> str | None:
-        """On a rank given the prompts: a request that already holds caches on this rank's stages other
-        than the ``cached_tokens`` the call says (a second prefill of a live request would fail in the
+        """On a rank given the prompts: a request prefilled without ``cached_tokens`` that already holds
+        caches on this rank's stages (a second prefill of a live request would fail in the
         middle of the plan, and its clean-up would then free the first one's caches). Carried through
         the prompts' exchange, so every rank raises it before any work."""
         if prompts is None:
@@ -234,15 +242,18 @@ class Pipeline:
         except ValueError:
             return None  # raised alike on every rank after the exchange
         for q, c in zip(ids, cached):
+            if c:  # a cached prefix is checked on every rank by _check_cached
+                continue
             for st in self.stages:
                 have = st.cache_length(q)
-                if have and have != c:
+                if have:
                     return (f"request {q!r} already holds {have} tokens in the caches of stage {list(st.layer_range)} "
                             f"on global rank {self.groups.global_rank} (cached_tokens={c}): release it first, or "
                             f"pass cached_tokens={have} to continue it")
         return None
 
-    def _exchange_prompts(self, prompts, problem, held_problem: str | None = None) -> list[PromptInfo]:
+    def _exchange_prompts(self, prompts, problem, held_problem: str | None = None,
+                          call: tuple = ()) -> list[PromptInfo]:
         lengths = None
         if prompts is not None and any(m.is_first for m in self.stages):
             lengths = tuple(int(p.numel()) for p in prompts)
@@ -251,7 +262,7 @@ class Pipeline:
             problem = problem or next((p for p in problems if p), None)
         problem = problem or held_problem
         digest = handshake.prompts_digest(prompts) if prompts is not None else None
-        mine = PromptInfo(lengths, problem, os.urandom(8).hex(), self.groups.global_rank, digest)
+        mine = PromptInfo(lengths, problem, os.urandom(8).hex(), self.groups.global_rank, digest, call)
         if not dist.is_initialized() or self.groups.sizes.world_size == 1:
             return [mine]
         rendezvous("the prompts' exchange", self.groups.global_rank, self.groups.members, timeout_s=self.timeout_s)
