@@ -174,6 +174,6 @@ def as_prompts(input_ids: Any) -> tuple[list[torch.Tensor] | None, str | None]:
 
 
 __all__ = [
-    "Chunking", "as_prompts", "call_disagreement", "call_signature", "check_chunking", "check_request_ids", "check_sizes", "check_steps",
-    "check_timeout", "is_count",
+    "Chunking", "as_prompts", "call_disagreement", "call_signature", "check_chunking", "check_request_ids",
+    "check_sizes", "check_steps", "check_timeout", "is_count",
 ]

@@ -18,6 +18,11 @@ DSA's indexer keys, a GQA head that several TP ranks hold) is written by one ran
 
 A reader plans from the stored slices to the slices its own stages hold and reads only those (a
 safetensors slice read), so any TP x PP layout can continue the request.
+
+Whole or absent: the manifest is written last, so a save that fails leaves no readable directory; a
+directory that already holds a manifest is refused (its files would be replaced under the old
+manifest), as is a path that is a file. A damaged directory (a truncated, missing or foreign file, a
+manifest without its slices) is one ``ValueError`` naming the file, before any cache is installed.
 """
 
 from __future__ import annotations

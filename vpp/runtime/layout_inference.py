@@ -37,8 +37,9 @@ def infer_layout(pipeline: Sequence[handshake.RankInfo]) -> Layout:
     ends = {st.layer_range: st for info in pipeline for st in info.stages}
     first, last = ends[ranges[0]], ends[ranges[-1]]
     if not first.is_first or not last.is_last:
-        what = "the first stage holds no embedding (is_first=False)" if not first.is_first else \
-            f"the last stage {list(ranges[-1])} holds no LM head (is_last=False): the layers from {num_layers} on are missing"
+        what = ("the first stage holds no embedding (is_first=False)" if not first.is_first else
+                f"the last stage {list(ranges[-1])} holds no LM head (is_last=False): the layers from {num_layers} "
+                f"on are missing")
         raise ValueError(f"stage modules do not form a whole model: {what}; layer ranges by pipeline rank: {by_rank}")
     return layout
 
