@@ -8,8 +8,9 @@ instead of one rank raising while the others wait.
 
 from __future__ import annotations
 
+import hashlib
 import numbers
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -50,13 +51,20 @@ def check_sizes(sizes: Sequence[Any], what: str) -> list[int]:
 
 
 def check_timeout(timeout_s: Any) -> float:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
-        raise ValueError(f"timeout_s={timeout_s!r} must be a number of seconds > 0")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < float("inf"):
+        raise ValueError(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0")
     return float(timeout_s)
 
 
 def check_request_ids(ids: Sequence[Any], count: int) -> list:
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise ValueError(f"request_ids must be a list of integers >= 0, one per prompt; got {type(ids).__name__}")
     ids = list(ids)
+    bad = [q for q in ids if not is_count(q) or q < 0]
+    if bad:
+        raise ValueError(f"request_ids must be integers >= 0 (the plan numbers requests by them); got {bad[0]!r} "
+                         f"in {ids}")
+    ids = [int(q) for q in ids]
     if len(ids) != count:
         raise ValueError(f"{len(ids)} request ids for {count} prompts")
     seen, repeated = set(), []
@@ -67,6 +75,72 @@ def check_request_ids(ids: Sequence[Any], count: int) -> list:
     if repeated:
         raise ValueError(f"request ids must be unique; {repeated} repeat in {ids}")
     return ids
+
+
+def check_steps(steps: Any, ids: Sequence[Any]) -> tuple:
+    """Shared steps as given (lists of (prompt index, chunk index) pairs) with request ids in place of
+    prompt indices; one line naming what is wrong otherwise."""
+    def bad(why: str) -> ValueError:
+        return ValueError(f"steps must be lists of (prompt index, chunk index) pairs: {why}")
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence):
+        raise bad(f"got {type(steps).__name__} {steps!r:.60}")
+    out = []
+    for i, step in enumerate(steps):
+        if isinstance(step, (str, bytes)) or not isinstance(step, Sequence) or not step:
+            raise bad(f"step {i} is {step!r:.60}")
+        pairs = []
+        for pair in step:
+            if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2 \
+                    or not all(is_count(x) and x >= 0 for x in pair):
+                raise bad(f"step {i} holds {pair!r:.60}")
+            q, c = int(pair[0]), int(pair[1])
+            if q >= len(ids):
+                raise bad(f"step {i} names prompt {q}, but there are {len(ids)} prompts")
+            pairs.append((ids[q], c))
+        out.append(tuple(pairs))
+    return tuple(out)
+
+
+def call_signature(**arguments: Any) -> tuple[tuple[str, str], ...]:
+    """The arguments every rank must give alike, as (name, short text) pairs compared after the
+    prompts' exchange (:func:`call_disagreement`): a chunk size of 8 on one rank and 16 on another
+    would otherwise build different plans, which abort in gloo or hang until the timeout. A function
+    is named by its qualified name (its identity differs between processes); a long value by a hash."""
+    out = []
+    for name, value in arguments.items():
+        if callable(value):
+            text = f"function {getattr(value, '__qualname__', type(value).__name__)}"
+        else:
+            text = repr(_plain(value))
+            if len(text) > 80:
+                text = f"{text[:60]}... (blake2b {hashlib.blake2b(text.encode(), digest_size=6).hexdigest()})"
+        out.append((name, text))
+    return tuple(out)
+
+
+def _plain(value: Any) -> Any:
+    """numpy numbers as Python ones, sequences as lists (their repr is then the same on every rank)."""
+    if isinstance(value, bool) or value is None or isinstance(value, (str, bytes)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (Sequence, range)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def call_disagreement(infos: Sequence[Any]) -> str | None:
+    """The first argument whose :func:`call_signature` differs between ranks, naming two of them, or
+    None. ``infos`` carry ``global_rank`` and ``call``."""
+    first = infos[0]
+    for info in infos[1:]:
+        for (name, mine), (_, theirs) in zip(first.call, info.call):
+            if mine != theirs:
+                return (f"ranks were given different {name}: global rank {first.global_rank} has {mine}, global "
+                        f"rank {info.global_rank} has {theirs}; every rank must make the same call")
+    return None
 
 
 def as_prompts(input_ids: Any) -> tuple[list[torch.Tensor] | None, str | None]:
@@ -100,6 +174,6 @@ def as_prompts(input_ids: Any) -> tuple[list[torch.Tensor] | None, str | None]:
 
 
 __all__ = [
-    "Chunking", "as_prompts", "check_chunking", "check_request_ids", "check_sizes", "check_timeout",
-    "is_count",
+    "Chunking", "as_prompts", "call_disagreement", "call_signature", "check_chunking", "check_request_ids",
+    "check_sizes", "check_steps", "check_timeout", "is_count",
 ]
