@@ -28,11 +28,12 @@ import torch.distributed as dist
 
 from vpp.parallel.groups import ParallelGroups
 from vpp.plan import strategies
-from vpp.plan.ir import Plan, Request, chunk_requests
+from vpp.plan.ir import Plan, Request
 from vpp.plan.layout import Layout
 from vpp.plan.verify import verify
 
 from . import finite, handshake, inputs
+from .inputs import cached_counts, requests_for
 from .decode import broadcast_logits, decode_step
 from .device_order import neighbours, stream_ops_for, warm_pair_communicators
 from .executor import Executor
@@ -355,60 +356,6 @@ class Pipeline:
             if on_tokens is not None:
                 on_tokens(generated)
         return steps, time.perf_counter() - decode_start
-
-
-def cached_counts(cached_tokens: int | Sequence[int], n: int) -> list[int]:
-    """``cached_tokens`` as one count per prompt (a single count applies to every prompt)."""
-    if inputs.is_count(cached_tokens):
-        values = [cached_tokens] * n
-    elif isinstance(cached_tokens, Sequence) and not isinstance(cached_tokens, (str, bytes)):
-        values = list(cached_tokens)
-    else:
-        values = None
-    if values is None or len(values) != n or any(not inputs.is_count(c) or c < 0 for c in values):
-        raise ValueError(f"cached_tokens={cached_tokens!r} must be a token count >= 0, or one per prompt "
-                         f"({n} prompts)")
-    return [int(c) for c in values]
-
-
-def requests_for(lengths: Sequence[int], chunk_size: inputs.Chunking, ids: Sequence[Hashable],
-                 arrivals: Sequence[float] | None = None, cached: Sequence[int] | None = None) -> list[Request]:
-    """The requests of a prefill: each prompt's chunk sizes (fixed, explicit or from a function) and
-    arrival time. With ``cached`` prefixes the chunks cover the rest of each prompt: a chunking
-    function is called as ``chunk_size(rest, cached=N)`` for a prompt with N > 0 cached tokens (a DCPP
-    planner's ``chunk_sizes`` sizes the first chunk for that prefix), ``chunk_size(n)`` otherwise."""
-    if arrivals is not None and (isinstance(arrivals, (str, bytes)) or not isinstance(arrivals, Sequence)):
-        raise ValueError(f"arrivals must be one time in seconds per prompt, got {type(arrivals).__name__} {arrivals!r}")
-    if arrivals is not None and any(isinstance(a, bool) or not isinstance(a, (int, float)) or a < 0 for a in arrivals):
-        raise ValueError(f"arrivals must be seconds >= 0, got {list(arrivals)!r}")
-    arrivals = [0.0] * len(lengths) if arrivals is None else [float(a) for a in arrivals]
-    if len(arrivals) != len(lengths):
-        raise ValueError(f"{len(arrivals)} arrival times for {len(lengths)} prompts")
-    cached = [0] * len(lengths) if cached is None else list(cached)
-    rest = [n - c for n, c in zip(lengths, cached)]
-    if any(r < 1 for r in rest):
-        raise ValueError(f"cached prefixes {cached} leave nothing to prefill of prompts of {list(lengths)} tokens")
-    if isinstance(chunk_size, int):
-        return [Request(q, r.chunk_sizes, a, c)
-                for q, r, a, c in zip(ids, chunk_requests(rest, chunk_size), arrivals, cached)]
-    if callable(chunk_size):
-        chunk_size = [_called_chunking(chunk_size, n, c) for n, c in zip(rest, cached)]
-    sizes = [tuple(s) for s in chunk_size]
-    if len(sizes) != len(lengths):
-        raise ValueError(f"{len(sizes)} chunkings for {len(lengths)} prompts")
-    for q, n, s, c in zip(ids, rest, sizes, cached):
-        if sum(s) != n:
-            what = f"the {n} tokens after its {c} cached ones need covering" if c else f"the prompt has {n} tokens"
-            raise ValueError(f"request {q}: chunk sizes sum to {sum(s)} but {what}")
-    return [Request(q, s, a, c) for q, s, a, c in zip(ids, sizes, arrivals, cached)]
-
-
-def _called_chunking(chunk_size, n: int, cached: int) -> list[int]:
-    sizes = chunk_size(n, cached=cached) if cached else chunk_size(n)
-    what = f"chunk sizes the chunking function gave for {n} tokens"
-    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
-        raise ValueError(f"{what} must be a sequence of positive integers, got {type(sizes).__name__} {sizes!r:.60}")
-    return inputs.check_sizes(list(sizes), what)
 
 
 __all__ = ["Generation", "PLAN_CACHE", "Pipeline", "PromptInfo", "cached_counts", "requests_for"]
