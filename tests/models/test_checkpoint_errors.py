@@ -219,3 +219,30 @@ def test_missing_and_unexpected_tensors_name_the_directory(fp8_dir, tmp_path):
     _refused(bad, CheckpointError, r"checkpoint does not match deepseek_v3 layers \[0, 4\): 2 tensors "
                                    r"\(model.layers.3.mlp.gate.e_score_correction_bias, model.layers.3.mlp.gate.weight\) "
                                    r"missing", str(bad))
+
+
+def test_save_checkpoint_refuses_a_file_and_a_sharded_directory(tmp_path):
+    """A path that is a file was a FileExistsError; a directory holding another checkpoint's index got
+    a model.safetensors beside it, and loaders kept reading the old shards through the index, silently."""
+    from vpp.models import model_config, random_checkpoint, save_checkpoint
+    from vpp.models.tiny import TINY_CONFIGS
+    cfg = model_config(TINY_CONFIGS["tiny-qwen"])
+    weights = random_checkpoint(cfg, seed=0)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep")
+    with pytest.raises(ValueError, match=r"a-file: not a directory \(config.json and model.safetensors are written"):
+        save_checkpoint(cfg, weights, a_file)
+    assert a_file.read_text() == "keep"
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
+    with pytest.raises(ValueError, match=r"sharded: holds model.safetensors.index.json of another checkpoint"):
+        save_checkpoint(cfg, weights, sharded)
+    assert sorted(p.name for p in sharded.iterdir()) == ["model.safetensors.index.json"]
+    failing = tmp_path / "new"
+
+    def broken(name):
+        raise RuntimeError("no weights")
+    with pytest.raises(RuntimeError, match="no weights"):
+        save_checkpoint(cfg, broken, failing)
+    assert not failing.exists()  # a failed save leaves no empty folder behind

@@ -103,3 +103,27 @@ def test_balance_is_optimal(costs, data, embed, head):
         b.append(b[-1] + n)
     c = [sum(costs[x:y]) + (embed if x == 0 else 0) + (head if y == len(costs) else 0) for x, y in zip(b, b[1:])]
     assert (round(max(c), 9), round(sum(v * v for v in c), 9)) == _brute(costs, stages, embed, head)
+
+
+@pytest.mark.parametrize("args, kw, message", [
+    # a huge pp or folds is refused from the counts, before a list of 2 * folds * pp stages is built
+    (("v", 8, 10**9), {}, r"num_layers=8 cannot fill 2000000000 virtual stages \(v layout, pp=1000000000"),
+    (("v", 8, 2), dict(folds=10**9), r"num_layers=8 cannot fill 4000000000 virtual stages"),
+    (("v", "8", 2), {}, r"num_layers='8' must be an integer, got str"),
+    (("v", 4.5, 2), {}, r"num_layers=4.5 must be an integer, got float"),
+    (("v", 8, None), {}, r"pp=None must be an integer, got NoneType"),
+    (("loop", 8, 2.0), {}, r"pp=2.0 must be an integer, got float"),
+    (("v", 8, 2), dict(folds=1.5), r"folds=1.5 must be an integer, got float"),
+    (("v", 8, 2), dict(partition=[2.5, 1.5, 2, 2]), r"partition \[2.5, 1.5, 2, 2\] must hold integer layer counts"),
+    (("v", 8, 2), dict(layer_costs=[1, float("nan")] + [1] * 6),
+     r"layer_costs must be finite and >= 0, got nan for layer 1"),
+    (("v", 8, 2), dict(layer_costs=float("inf")), r"layer_costs must be finite and >= 0, got inf for layer 0"),
+    (("v", 8, 2), dict(layer_costs="abc"), r"layer_costs must be a number or one number per layer, got 'abc'"),
+    (("v", 8, 2), dict(embed_cost=float("nan")), r"embed_cost=nan: costs must be finite numbers >= 0"),
+    (("v", 8, 2), dict(head_cost=float("inf"), per_rank=True), r"head_cost=inf: costs must be finite numbers >= 0"),
+])
+def test_bad_arguments_name_themselves_before_any_work(args, kw, message):
+    """Each used to fail deep inside (a TypeError without the argument, "stage 0 holds layers [0, 0)"
+    for a NaN cost, or an out-of-memory kill building 2e9 stage ranks for pp=10**9)."""
+    with pytest.raises(ValueError, match=message):
+        make_layout(*args, **kw)

@@ -93,3 +93,20 @@ def test_descent_never_worse_than_its_seed(costs, kind, pp, folds, embed, head):
     loads = lambda p: rank_loads(p, costs, ranks, embed_cost=embed, head_cost=head)
     assert max(loads(part)) <= max(loads(seed)) * (1 + 1e-9) + 1e-12
     assert sum(part) == len(costs) and min(part) >= 1
+
+
+@pytest.mark.parametrize("costs, ranks, kw, message", [
+    ([1, float("nan"), 1, 1], [0, 1, 1, 0], {}, r"costs must be finite numbers >= 0, got layer cost nan"),
+    ([1, float("inf"), 1, 1], [0, 1, 1, 0], {}, r"got layer cost inf"),
+    ([1] * 4, [0, 1, 1, 0], dict(embed_cost=float("nan")), r"got embed_cost nan"),
+    ([1] * 4, [0, 1, 1, 0], dict(tolerance=-1), r"tolerance=-1 must be a finite number >= 0"),
+    ([1, 1], [], {}, r"stage_ranks is empty"),
+    ([], [0], {}, r"costs is empty: 1 stages need at least one layer each"),
+    ([1] * 4, [0, -1, -1, 0], {}, r"stage_ranks \[0, -1, -1, 0\] must be ranks 0..R-1"),
+    ([1] * 4, [0, 3, 3, 0], {}, r"stage_ranks \[0, 3, 3, 0\] must be ranks 0..R-1"),
+])
+def test_bad_inputs_are_one_line(costs, ranks, kw, message):
+    """Before: an IndexError from numpy (NaN costs compare false everywhere), "max() arg is an empty
+    sequence", a (0,) partition of no layers, or rank -1 silently folded onto the last rank's load."""
+    with pytest.raises(ValueError, match=message):
+        balance_ranks(costs, ranks, **kw)

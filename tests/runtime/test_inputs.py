@@ -44,9 +44,9 @@ def test_bad_chunking_is_one_clear_error(chunk, message):
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(timeout_s=-1), r"timeout_s=-1 must be a number of seconds > 0"),
-    (dict(timeout_s=0), r"timeout_s=0 must be a number of seconds > 0"),
-    (dict(timeout_s=True), r"timeout_s=True must be a number of seconds > 0"),
+    (dict(timeout_s=-1), r"timeout_s=-1 must be a finite number of seconds > 0"),
+    (dict(timeout_s=0), r"timeout_s=0 must be a finite number of seconds > 0"),
+    (dict(timeout_s=True), r"timeout_s=True must be a finite number of seconds > 0"),
     (dict(concurrency=0), r"concurrency=0 must be a positive integer or None"),
     (dict(schedule="vpp-typo"), r"unknown strategy 'vpp-typo'; choose one of cpp, dcpp, vpp, vpp-async, vpp-packed"),
 ])
@@ -78,3 +78,40 @@ def test_accepted_spellings_give_the_same_logits():
     for prompt, chunk in ((ids.tolist(), 8), (ids[None], np.int64(8)), (ids, [[np.int32(8)] * 3]),
                           (ids, lambda n: [16, n - 16])):
         torch.testing.assert_close(_run(prompt, chunk).logits, ref)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(cached_tokens=2.0), r"cached_tokens=2.0 must be a token count >= 0, or one per prompt"),
+    (dict(arrivals=0.0), r"arrivals must be one time in seconds per prompt, got float 0.0"),
+    (dict(steps=5), r"steps must be lists of \(prompt index, chunk index\) pairs: got int 5"),
+    (dict(steps=[[(0, 0)], [(5, 0)]]), r"step 1 names prompt 5, but there are 1 prompts"),
+    (dict(steps=[[(0, -1)]]), r"step 0 holds \(0, -1\)"),
+    (dict(request_ids=[[1]]), r"request_ids must be integers >= 0 \(the plan numbers requests by them\); got \[1\]"),
+    (dict(request_ids=["a"]), r"request_ids must be integers >= 0 .*got 'a'"),
+    (dict(timeout_s=float("inf")), r"timeout_s=inf must be a finite number of seconds > 0"),
+])
+def test_malformed_options_name_the_argument(kw, message):
+    """Each was a TypeError or IndexError from deep inside that named no argument."""
+    with pytest.raises(ValueError, match=message):
+        _run(_ids(), 8, **kw)
+
+
+def test_a_chunking_function_must_return_sizes():
+    with pytest.raises(ValueError, match=r"chunk sizes the chunking function gave for 24 tokens must be a sequence "
+                                         r"of positive integers, got int 8"):
+        _run(_ids(), lambda n: 8)
+
+
+def test_groups_and_stages_are_checked():
+    with pytest.raises(TypeError, match=r"groups must be a ParallelGroups .* got NoneType"):
+        forward_prefill(_stage(), _ids(), 8, None, schedule="cpp")
+    with pytest.raises(ValueError, match=r"stage modules do not form a whole model: the last stage \[0, 1\] holds no "
+                                         r"LM head \(is_last=False\)"):  # was a bare StopIteration
+        forward_prefill([ToyStage((0, 1), 2, vocab_size=VOCAB)], _ids(), 8, ParallelGroups.single(), schedule="cpp")
+
+
+@pytest.mark.parametrize("budget", [0, -5, 8.5, "8"])
+def test_dcpp_budget_is_checked_before_profiling(budget):
+    from vpp.runtime import forward_dcpp_prefill
+    with pytest.raises(ValueError, match=rf"budget={budget!r} must be a positive integer number of tokens"):
+        forward_dcpp_prefill(_stage(), _ids(), budget, ParallelGroups.single())

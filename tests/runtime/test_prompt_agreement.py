@@ -93,3 +93,79 @@ def test_cli_refuses_an_empty_prompt_file(tmp_path, capsys):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"vpp {argv[0]}: error: ") and "empty" in err[0], err
+
+
+@dataclass
+class _Call:
+    global_rank: int
+    call: tuple
+
+
+def test_call_signature_and_disagreement():
+    from vpp.runtime.inputs import call_disagreement, call_signature
+    import numpy as np
+    a = call_signature(schedule="vpp", chunk_size=8, request_ids=None)
+    assert a == call_signature(schedule="vpp", chunk_size=np.int64(8), request_ids=None)  # numpy ints alike
+    assert call_signature(chunk_size=lambda n: [n]) == (("chunk_size", "function test_call_signature_and_disagreement"
+                                                                         ".<locals>.<lambda>"),)
+    long = call_signature(chunk_size=[[8] * 100])[0][1]
+    assert len(long) < 100 and long != call_signature(chunk_size=[[8] * 99 + [9]])[0][1]
+    infos = [_Call(0, a), _Call(1, a), _Call(2, call_signature(schedule="vpp", chunk_size=16, request_ids=None))]
+    assert call_disagreement(infos[:2]) is None
+    assert call_disagreement(infos) == ("ranks were given different chunk_size: global rank 0 has 8, global rank 2 "
+                                        "has 16; every rank must make the same call")
+
+
+def _toy_pipe(rank):
+    from vpp.models.toy import ToyStage
+    from vpp.parallel import initialize_model_parallel
+    from vpp.runtime import Pipeline
+    groups = initialize_model_parallel(1, 2)  # a V over 2 ranks: rank 0 holds [0, 1) and [3, 4)
+    ranges = [(0, 1), (3, 4)] if rank == 0 else [(1, 3)]
+    return Pipeline([ToyStage(r, 4, vocab_size=64) for r in ranges], groups, timeout_s=60)
+
+
+def _misuse(rank, world):
+    pipe = _toy_pipe(rank)
+    ids = torch.arange(32) % 64
+    mine = ids if rank == 0 else None
+    out = {}
+    for name, kw in {"chunk_size": dict(chunk_size=8 if rank == 0 else 16),  # gloo aborted rank 0 (SIGABRT)
+                     "schedule": dict(schedule="vpp" if rank == 0 else "vpp-async"),   # ran, silently
+                     "request_ids": dict(request_ids=[rank])}.items():        # ran: caches under 0 and 1
+        try:
+            pipe.prefill(mine, **{"chunk_size": 8, **kw})
+            out[name] = "ran"
+        except ValueError as exc:
+            out[name] = str(exc)
+    pipe.prefill(mine, 8)
+    try:  # the stage-0 rank sees it; every rank refuses it, and request 0 keeps its caches
+        pipe.prefill(mine, 8)
+        out["again"] = "ran"
+    except ValueError as exc:
+        out["again"] = str(exc)
+    out["kept"] = [st.cache_length(0) for st in pipe.stages]
+    if rank == 1:
+        pipe.release(0)  # only here: the next decode must fail on both ranks, naming rank 1
+    try:
+        pipe.decode(torch.tensor([1]), [0])
+        out["decode"] = "ran"
+    except Exception as exc:
+        out["decode"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+@pytest.mark.slow
+def test_every_rank_refuses_disagreeing_arguments_and_misuse():
+    from vpp.parallel import run_distributed
+    a, b = run_distributed(_misuse, 2, timeout=240)
+    for name, shown in (("chunk_size", "global rank 0 has 8, global rank 1 has 16"),
+                        ("schedule", "global rank 0 has 'vpp', global rank 1 has 'vpp-async'"),
+                        ("request_ids", "global rank 0 has [0], global rank 1 has [1]")):
+        assert a[name] == b[name] == f"ranks were given different {name}: {shown}; every rank must make the same call"
+    assert a["again"] == b["again"] and a["again"].startswith("request 0 already holds 32 tokens in the caches of "
+                                                              "stage [0, 1] on global rank 0")
+    assert a["kept"] == [32, 32] and b["kept"] == [32]
+    assert b["decode"].startswith("ValueError: request 0 holds no caches on stage [1, 3] (global rank 1)")
+    assert a["decode"].startswith("ExecutionError: ") and "pipeline rank 1 (global rank 1) raised ValueError: " \
+        "request 0 holds no caches" in a["decode"]

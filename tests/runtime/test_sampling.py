@@ -54,3 +54,28 @@ def test_cut_tokens_are_never_drawn():
 def test_bad_settings_are_refused(kw, message):
     with pytest.raises(ValueError, match=message):
         Sampler(**kw)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(temperature=float("nan")), r"temperature=nan must be a finite number >= 0"),  # failed at the first draw
+    (dict(temperature=float("inf")), r"temperature=inf must be a finite number >= 0"),  # drew uniformly, silently
+    (dict(seed=1.5), r"seed=1.5 must be an integer"),                                   # was seed 1, silently
+    (dict(seed="x"), r"seed='x' must be an integer"),
+    (dict(seed=None), r"seed=None must be an integer"),
+    (dict(seed=2 ** 70), r"seed=1180591620717411303424 must be an integer in \[-2\*\*63, 2\*\*64\)"),
+])
+def test_non_finite_and_non_integer_settings_are_refused(kw, message):
+    with pytest.raises(ValueError, match=message):
+        Sampler(**kw)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_nan_logits_pick_no_token(temperature):
+    """argmax over a NaN row returned the NaN's index as if it were a token."""
+    logits = torch.zeros(2, 8)
+    logits[1, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"logits rows \[1\] hold NaN or \+Inf"):
+        Sampler(temperature).sample(logits)
+    masked = torch.zeros(1, 8)
+    masked[0, :7] = float("-inf")  # -inf masks tokens: still a valid distribution
+    assert Sampler(temperature).sample(masked).tolist() == [7]

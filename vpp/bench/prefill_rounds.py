@@ -143,7 +143,7 @@ def layout_for(model, schedule: str, pp: int, folds: int = 1, *, chunk: int | No
 
 def chunks_of(chunking, n: int, cached: int = 0) -> list[int]:
     """A chunking function's chunk sizes for ``n`` tokens after ``cached`` ones (the call convention
-    of :func:`vpp.runtime.pipeline.requests_for`)."""
+    of :func:`vpp.runtime.inputs.requests_for`)."""
     return list(chunking(n, cached=cached) if cached else chunking(n))
 
 

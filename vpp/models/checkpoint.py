@@ -22,7 +22,7 @@ from safetensors.torch import save
 from vpp.config import quantization, read_config
 from vpp.models import fp8
 from vpp.safe_write import write_bytes, write_text
-from vpp.models.safetensors_files import FLOAT_DTYPES, CheckpointError, TensorInfo, read_header, read_index
+from vpp.models.safetensors_files import FLOAT_DTYPES, INDEX, CheckpointError, TensorInfo, read_header, read_index
 from vpp.parallel.sharding import Shard
 
 SCALE = "_scale_inv"  # X.weight_scale_inv: the block scales of the FP8 weight X.weight
@@ -235,13 +235,18 @@ def save_safetensors(shapes: Shapes, get_tensor: Callable[[str], torch.Tensor], 
                      out_dir: str | Path) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (every name of ``shapes``) into ``out_dir``."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: not a directory (config.json and model.safetensors are written into one)")
+    if (out / INDEX).exists():  # read before model.safetensors: the old shards would be loaded, silently
+        raise ValueError(f"{out}: holds {INDEX} of another checkpoint, which loaders read instead of a new "
+                         f"model.safetensors; choose another directory")
     tensors = {}
     for name, shape in shapes.items():
         t = get_tensor(name)
         if tuple(t.shape) != tuple(shape):
             raise ValueError(f"{name}: tensor of shape {tuple(t.shape)}, the model expects {tuple(shape)}")
         tensors[name] = t.detach().contiguous().cpu()
+    out.mkdir(parents=True, exist_ok=True)  # only once every tensor is there: a failed save leaves no folder
     write_bytes(out / "model.safetensors", save(tensors, metadata={"format": "pt"}))
     write_text(out / "config.json", json.dumps(config, indent=2))
     return out

@@ -7,6 +7,7 @@ Megatron-style accessors at the bottom read, a thin convenience for scripts).
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -152,13 +153,18 @@ def initialize_model_parallel(
     stages are never placed on a device the process group cannot move; an ``accelerator`` that
     disagrees with the backend is an error. The card is ``local_rank``'s, else the current device
     (set by :func:`~vpp.parallel.spawn.init_distributed`)."""
+    tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+    for name, value in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
+                        ("expert_model_parallel_size", expert_model_parallel_size)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an integer >= 1")
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised; call vpp.parallel.init_distributed() first")
     world, rank = dist.get_world_size(), dist.get_rank()
-    tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+    tp, pp = int(tp), int(pp)
     if world % (tp * pp):
         raise ValueError(f"tp={tp} * pp={pp} = {tp * pp} does not divide world_size={world}")
-    sizes = GridSizes(world, tp=tp, pp=pp, ep=expert_model_parallel_size, dp=world // (tp * pp))
+    sizes = GridSizes(world, tp=tp, pp=pp, ep=int(expert_model_parallel_size), dp=world // (tp * pp))
     backend = str(dist.get_backend()).lower()
     acc = accelerator or accelerator_for_backend(backend)
     if acc.backend != backend:

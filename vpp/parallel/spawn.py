@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import math
+import numbers
 import os
 import pickle
 import queue
@@ -197,6 +199,18 @@ def _rank_main(
                 pass
 
 
+def check_launch(world_size: Any, **timeouts: Any) -> None:
+    """One line before any process starts: ``world_size`` an integer >= 1 (0 ranks ran nothing and
+    returned ``[]``), every timeout a finite number of seconds > 0 (NaN never expired; None: the default)."""
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r} must be an integer >= 1")
+    for name, value in timeouts.items():
+        if value is None and name == "pg_timeout_s":
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+            raise ValueError(f"{name}={value!r} must be a finite number of seconds > 0")
+
+
 def run_distributed(
     fn: Callable[..., Any],
     world_size: int,
@@ -222,8 +236,7 @@ def run_distributed(
     ran. (A rank stuck in the rendezvous because a peer never came fails by itself after
     ``pg_timeout_s``.)
     """
-    if timeout <= 0 or startup_timeout <= 0:
-        raise ValueError(f"timeout={timeout} and startup_timeout={startup_timeout} must be > 0 seconds")
+    check_launch(world_size, timeout=timeout, startup_timeout=startup_timeout, pg_timeout_s=pg_timeout_s)
     acc = get_accelerator(device)
     check_device_count(acc, world_size)
     ctx = mp.get_context("spawn")
@@ -372,6 +385,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     ``same`` (:func:`check_same_on_every_rank`), and any difference fails every rank with one line
     naming the ranks and keys. Spawned ranks share one by construction."""
     if launched_by_torchrun():
+        check_launch(1, timeout=timeout, pg_timeout_s=pg_timeout_s)  # torchrun's world; world_size is not used
         if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's agent is the parent
             _die_with_parent(os.getppid())
         init_distributed(get_accelerator(device), timeout_s=pg_timeout_s or timeout)
@@ -406,6 +420,6 @@ def check_same_on_every_rank(values: dict) -> None:
 
 
 __all__ = [
-    "RankFailure", "announce_start_failure", "check_device_count", "check_same_on_every_rank", "init_distributed",
-    "launch", "launched_by_torchrun", "run_distributed",
+    "RankFailure", "announce_start_failure", "check_device_count", "check_launch", "check_same_on_every_rank",
+    "init_distributed", "launch", "launched_by_torchrun", "run_distributed",
 ]

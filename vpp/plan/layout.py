@@ -17,6 +17,8 @@ every stage holds at least one layer.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -104,10 +106,18 @@ class Layout:
                    stage_ranks=tuple(d["stage_ranks"]), stage_layers=tuple(tuple(r) for r in d["stage_layers"]))
 
 
+def _check_count(name: str, value) -> None:
+    """An integer (Python or numpy; not a bool, not a float) >= 1, or one line naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name}={value!r} must be an integer, got {type(value).__name__}")
+
+
 def stage_ranks_for(kind: str, pp: int, folds: int = 1) -> tuple[int, ...]:
     """The stage -> rank map of a layout kind (see the module docstring)."""
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(f"unknown layout kind {kind!r}; choose one of {KINDS}")
+    _check_count("pp", pp)
+    _check_count("folds", folds)
     if pp < 1:
         raise ValueError(f"pp={pp}: a pipeline needs at least one rank")
     if folds < 1:
@@ -137,10 +147,18 @@ def make_layout(kind: str, num_layers: int, pp: int, *, folds: int = 1,
     expensive *rank* instead (:func:`.rank_balance.balance_ranks`), cutting stages only at
     ``allowed_starts`` when given.
     """
+    _check_count("num_layers", num_layers)
+    if isinstance(kind, str) and kind in KINDS and all(  # before any list of stages is built (pp=10**9)
+            isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 1 for x in (pp, folds)):
+        stages = pp if kind == "loop" else 2 * folds * pp
+        if num_layers < stages:
+            raise ValueError(f"num_layers={num_layers} cannot fill {stages} virtual stages ({kind} layout, pp={pp}, "
+                             f"folds={folds}): every stage needs at least one layer")
     ranks = stage_ranks_for(kind, pp, folds)
     where = f"{kind} layout, pp={pp}, folds={folds}"
     if per_rank and partition is None:
         costs = _layer_costs(num_layers, layer_costs)
+        _check_edge_costs(embed_cost, head_cost)
         seeds = [] if allowed_starts is not None else [balance(costs, len(ranks), embed_cost=embed_cost,
                                                                head_cost=head_cost)]
         partition = balance_ranks(costs, ranks, embed_cost=embed_cost, head_cost=head_cost,
@@ -167,6 +185,9 @@ def _partition(num_layers: int, stages: int, partition, layer_costs, embed_cost,
         raise ValueError(f"num_layers={num_layers} cannot fill {stages} virtual stages ({where}): "
                          f"every stage needs at least one layer")
     if partition is not None:
+        bad = [n for n in partition if isinstance(n, bool) or not isinstance(n, numbers.Integral)]
+        if bad:
+            raise ValueError(f"partition {list(partition)} must hold integer layer counts ({where})")
         p = [int(n) for n in partition]
         if len(p) != stages:
             raise ValueError(f"partition {p} has {len(p)} entries for {stages} virtual stages ({where})")
@@ -182,21 +203,30 @@ def _partition(num_layers: int, stages: int, partition, layer_costs, embed_cost,
         base, extra = divmod(num_layers, stages)
         return tuple(base + (1 if s < extra else 0) for s in range(stages))
     costs = _layer_costs(num_layers, layer_costs)
-    if embed_cost < 0 or head_cost < 0:
-        raise ValueError(f"embed_cost={embed_cost}, head_cost={head_cost}: costs must be >= 0")
+    _check_edge_costs(embed_cost, head_cost)
     return balance(costs, stages, embed_cost=embed_cost, head_cost=head_cost)
+
+
+def _check_edge_costs(embed_cost, head_cost) -> None:
+    for name, c in (("embed_cost", embed_cost), ("head_cost", head_cost)):
+        if isinstance(c, bool) or not isinstance(c, numbers.Real) or not (0 <= c < math.inf):
+            raise ValueError(f"{name}={c!r}: costs must be finite numbers >= 0")
 
 
 def _layer_costs(num_layers: int, layer_costs) -> list[float]:
     if layer_costs is None:
         return [1.0] * num_layers
-    if isinstance(layer_costs, (int, float)):
-        return [float(layer_costs)] * num_layers
+    if isinstance(layer_costs, numbers.Real) and not isinstance(layer_costs, bool):
+        layer_costs = [layer_costs] * num_layers
+    if isinstance(layer_costs, (str, bytes)) or not isinstance(layer_costs, Sequence) or any(
+            isinstance(c, bool) or not isinstance(c, numbers.Real) for c in layer_costs):
+        raise ValueError(f"layer_costs must be a number or one number per layer, got {layer_costs!r:.80}")
     costs = [float(c) for c in layer_costs]
     if len(costs) != num_layers:
         raise ValueError(f"layer_costs has {len(costs)} entries for num_layers={num_layers}")
-    if any(c < 0 for c in costs):
-        raise ValueError(f"layer_costs must be >= 0, got min {min(costs)}")
+    bad = [(i, c) for i, c in enumerate(costs) if not 0 <= c < math.inf]
+    if bad:
+        raise ValueError(f"layer_costs must be finite and >= 0, got {bad[0][1]} for layer {bad[0][0]}")
     return costs
 
 

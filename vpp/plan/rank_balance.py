@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from typing import Callable, Sequence
 
 import numpy as np
@@ -86,12 +87,11 @@ def balance_ranks(costs: Sequence[float], stage_ranks: Sequence[int], *, embed_c
                   tolerance: float = 0.005) -> tuple[int, ...]:
     """Layers per stage minimising the heaviest rank (see the module docstring)."""
     n, stages = len(costs), len(stage_ranks)
+    _check_inputs(costs, stage_ranks, embed_cost, head_cost, tolerance)
     cuts = sorted(set(range(1, n)) if allowed is None else {a for a in allowed if 0 < a < n})
     if len(cuts) < stages - 1:
         raise ValueError(f"{n} layers with stage starts {[0] + cuts} allow {len(cuts) + 1} stages, "
                          f"{stages} asked for")
-    if any(c < 0 for c in costs) or embed_cost < 0 or head_cost < 0:
-        raise ValueError("layer, embedding and head costs must be >= 0")
     if stages == 1:
         return (n,)
     score = _objective(tuple(stage_ranks), list(costs), embed_cost, head_cost)
@@ -100,6 +100,26 @@ def balance_ranks(costs: Sequence[float], stage_ranks: Sequence[int], *, embed_c
         return _exact(costs, stage_ranks, embed_cost, head_cost, cuts, [score(b)[0] for b in starts[:len(seeds)]],
                       tolerance)
     return _descend(starts, cuts, n, score)
+
+
+def _check_inputs(costs, stage_ranks, embed_cost, head_cost, tolerance) -> None:
+    """One line for what no partition can come from: no stage, ranks that are not 0..R-1, a cost or
+    tolerance that is negative or not finite (NaN would compare false everywhere and pick garbage)."""
+    ranks = list(stage_ranks)
+    if not ranks:
+        raise ValueError("stage_ranks is empty: a partition needs at least one stage")
+    if len(costs) == 0:
+        raise ValueError(f"costs is empty: {len(ranks)} stages need at least one layer each")
+    if any(isinstance(r, bool) or not isinstance(r, numbers.Integral) or r < 0 for r in ranks) \
+            or set(ranks) != set(range(max(ranks) + 1)):
+        raise ValueError(f"stage_ranks {ranks} must be ranks 0..R-1, each holding a stage")
+    values = [("layer cost", c) for c in costs] + [("embed_cost", embed_cost), ("head_cost", head_cost)]
+    bad = next(((what, c) for what, c in values
+                if isinstance(c, bool) or not isinstance(c, numbers.Real) or not 0 <= c < math.inf), None)
+    if bad is not None:
+        raise ValueError(f"layer, embedding and head costs must be finite numbers >= 0, got {bad[0]} {bad[1]!r}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or not 0 <= tolerance < math.inf:
+        raise ValueError(f"tolerance={tolerance!r} must be a finite number >= 0")
 
 
 def balanced_candidates(costs: Sequence[float], stage_ranks: Sequence[int], *, embed_cost: float = 0.0,

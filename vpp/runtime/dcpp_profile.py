@@ -22,6 +22,8 @@ from vpp.parallel.groups import ParallelGroups
 
 from vpp.plan.dcpp import DEFAULT_VARIANT, DcppPlanner, profiled_rank
 
+from .inputs import is_count
+
 PROFILE_REQUEST = "vpp-dcpp-profile"
 
 
@@ -53,7 +55,7 @@ def profile_planner(stages: Sequence[torch.nn.Module], groups: ParallelGroups, b
                     variant: str = DEFAULT_VARIANT, **planner_kw) -> DcppPlanner:
     """A :class:`DcppPlanner` fitted on the real stages of the profiled pipeline rank (a collective:
     call it on every rank). ``planner_kw`` go to :class:`DcppPlanner` (``align``, ``merge_tail`` ...)."""
-    planner = DcppPlanner(variant, budget=budget, **planner_kw)
+    planner = DcppPlanner(variant, budget=check_budget(budget), **planner_kw)
     if groups.pp.rank == profiled_rank(variant, groups.pp.size):
         timers = [stage_timer(s, groups) for s in stages]
         planner.profile(lambda n: sum(t(n) for t in timers))
@@ -67,6 +69,13 @@ def profile_planner(stages: Sequence[torch.nn.Module], groups: ParallelGroups, b
     return planner
 
 
+def check_budget(budget) -> int:
+    """The DCPP token budget: a positive integer, checked before any profiling (the same on every rank)."""
+    if not is_count(budget) or budget < 1:
+        raise ValueError(f"budget={budget!r} must be a positive integer number of tokens")
+    return int(budget)
+
+
 def forward_dcpp_prefill(stages, input_ids, budget: int, groups: ParallelGroups, *,
                          planner: DcppPlanner | None = None, variant: str = DEFAULT_VARIANT, **kw):
     """Prefill with DCPP chunk sizes over the CPP (loop) layout. Pass a ``planner`` profiled once at
@@ -74,8 +83,9 @@ def forward_dcpp_prefill(stages, input_ids, budget: int, groups: ParallelGroups,
     :func:`vpp.runtime.api.forward_prefill`."""
     from .api import forward_prefill
 
+    check_budget(budget)
     planner = planner or profile_planner(stages, groups, budget, variant=variant)
     return forward_prefill(stages, input_ids, planner.chunk_sizes, groups, schedule="dcpp", **kw)
 
 
-__all__ = ["PROFILE_REQUEST", "forward_dcpp_prefill", "profile_planner", "stage_timer"]
+__all__ = ["PROFILE_REQUEST", "check_budget", "forward_dcpp_prefill", "profile_planner", "stage_timer"]

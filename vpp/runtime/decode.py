@@ -47,17 +47,14 @@ def _watchdog(pipe: "Pipeline", what: str) -> Watchdog:
 @torch.inference_mode()
 def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[Hashable]) -> torch.Tensor:
     """Next-token logits [B, vocab] (float32, CPU) on every rank; see the module docstring."""
-    if tokens.dim() != 1 or tokens.numel() != len(requests) or not requests:
-        raise ValueError(f"decode takes one token per request: {tuple(tokens.shape)} tokens for "
-                         f"{len(requests)} requests")
-    if len(set(requests)) != len(requests):
-        raise ValueError(f"decode requests must be distinct, got {requests}")
+    check_tokens(tokens, requests, pipe.first.vocab_size)
     layout, groups, me = pipe.layout, pipe.groups, pipe.groups.pp.rank
     watchdog = _watchdog(pipe, "decode")
     hidden, dtype = pipe.first.hidden_size, getattr(torch, pipe.first.dtype.replace("torch.", ""))
     logits, h = None, None
     watch = FiniteWatch()
     try:
+        check_caches(pipe, requests)  # inside: a rank whose caches differ tells the others at once
         for s in range(layout.num_stages):
             if layout.rank_of(s) != me:
                 continue
@@ -92,6 +89,38 @@ def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[Hashable]
     return logits
 
 
+def check_tokens(tokens, requests: Sequence[Hashable], vocab_size: int) -> None:
+    """One token id per request, in the vocabulary (the same on every rank, so every rank raises alike:
+    a negative id would otherwise index the embedding from its end)."""
+    if not isinstance(tokens, torch.Tensor):
+        raise ValueError(f"decode tokens must be a 1-D tensor of token ids, got {type(tokens).__name__}")
+    if tokens.dim() != 1 or tokens.numel() != len(requests) or not requests:
+        raise ValueError(f"decode takes one token per request: {tuple(tokens.shape)} tokens for "
+                         f"{len(requests)} requests")
+    if len(set(requests)) != len(requests):
+        raise ValueError(f"decode requests must be distinct, got {requests}")
+    if tokens.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"decode tokens must be integer token ids, got {tokens.dtype}")
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"decode tokens hold ids in [{lo}, {hi}] outside the vocabulary [0, {vocab_size})")
+
+
+def check_caches(pipe: "Pipeline", requests: Sequence[Hashable]) -> None:
+    """Every request must hold a prefilled prefix on this rank's stages (a released or unknown request
+    would otherwise start from nothing and decode garbage) with room for one more position."""
+    limit = pipe.first.max_positions
+    for q in requests:
+        for st in pipe.stages:
+            have = st.cache_length(q)
+            if not have:
+                raise ValueError(f"request {q!r} holds no caches on stage {list(st.layer_range)} (global rank "
+                                 f"{pipe.groups.global_rank}): prefill it (or load its caches) before decoding; "
+                                 f"a released request cannot be decoded")
+            if limit is not None and have + 1 > limit:
+                raise ValueError(f"request {q!r} holds {have} tokens: one more exceeds the model's {limit} positions")
+
+
 def broadcast_logits(pipe: "Pipeline", local: torch.Tensor | None, batch: int) -> torch.Tensor:
     """``local`` [B, vocab] from the rank holding the last stage, on every rank of the pipeline."""
     watchdog = _watchdog(pipe, "logits")
@@ -115,4 +144,4 @@ def _broadcast(pipe: "Pipeline", local: torch.Tensor | None, batch: int, watchdo
     return buf.cpu()
 
 
-__all__ = ["broadcast_logits", "decode_step", "run_stage_decode"]
+__all__ = ["broadcast_logits", "check_caches", "check_tokens", "decode_step", "run_stage_decode"]

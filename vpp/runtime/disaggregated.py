@@ -38,9 +38,10 @@ def generate_disaggregated(pipe: Pipeline, link: Disaggregation, prompts: Any, m
     if link.is_prefill:
         start = time.perf_counter()
         try:
-            out = pipe.prefill(prompts, chunk_size, schedule=schedule, request_ids=request_ids)
+            # decode_room: the decode instance's positions are checked before the prefill (same model)
+            out = pipe.prefill(prompts, chunk_size, schedule=schedule, request_ids=request_ids,
+                               decode_room=max_new_tokens - 1)
             ids = [q.id for q in out.plan.requests]
-            pipe._check_room(out.plan, max_new_tokens)
         except ValueError as exc:  # the same on every prefill rank: tell the decode ranks too
             problem = str(exc)
         else:

@@ -27,13 +27,21 @@ def infer_layout(pipeline: Sequence[handshake.RankInfo]) -> Layout:
                 break
         except ValueError:
             continue
+    by_rank = {r: [list(st.layer_range) for st in info.stages] for r, info in enumerate(pipeline)}
     try:
-        return Layout(kind=kind, num_ranks=P, num_layers=num_layers, folds=folds,
-                      stage_ranks=ranks, stage_layers=ranges)
+        layout = Layout(kind=kind, num_ranks=P, num_layers=num_layers, folds=folds,
+                        stage_ranks=ranks, stage_layers=ranges)
     except ValueError as exc:
-        by_rank = {r: [list(st.layer_range) for st in info.stages] for r, info in enumerate(pipeline)}
         raise ValueError(f"stage modules do not form a pipeline ({exc}); layer ranges by pipeline rank: "
                          f"{by_rank}") from None
+    ends = {st.layer_range: st for info in pipeline for st in info.stages}
+    first, last = ends[ranges[0]], ends[ranges[-1]]
+    if not first.is_first or not last.is_last:
+        what = ("the first stage holds no embedding (is_first=False)" if not first.is_first else
+                f"the last stage {list(ranges[-1])} holds no LM head (is_last=False): the layers from {num_layers} "
+                f"on are missing")
+        raise ValueError(f"stage modules do not form a whole model: {what}; layer ranges by pipeline rank: {by_rank}")
+    return layout
 
 
 def check_stage_shapes(pipeline: Sequence[handshake.RankInfo]) -> None:

@@ -21,18 +21,19 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from vpp.parallel.groups import ParallelGroups
 from vpp.plan import strategies
-from vpp.plan.ir import Plan, Request, chunk_requests
+from vpp.plan.ir import Plan, Request
 from vpp.plan.layout import Layout
 from vpp.plan.verify import verify
 
 from . import finite, handshake, inputs
+from .inputs import cached_counts, requests_for
 from .decode import broadcast_logits, decode_step
 from .device_order import neighbours, stream_ops_for, warm_pair_communicators
 from .executor import Executor
@@ -55,6 +56,7 @@ class PromptInfo:
     run_key: str
     global_rank: int = 0
     prompt_digest: str | None = None  # of the prompts this rank was given, stage 0 or not (None: none given)
+    call: tuple[tuple[str, str], ...] = ()  # the arguments every rank gives alike (inputs.call_signature)
 
 
 @dataclass
@@ -81,6 +83,11 @@ class Pipeline:
 
     def __init__(self, stages: Sequence[torch.nn.Module], groups: ParallelGroups, *, timeout_s: float = 300.0):
         self.timeout_s = inputs.check_timeout(timeout_s)
+        if not isinstance(groups, ParallelGroups):
+            raise TypeError(f"groups must be a ParallelGroups (vpp.parallel.initialize_model_parallel, or "
+                            f"ParallelGroups.single()), got {type(groups).__name__}")
+        if isinstance(stages, torch.nn.Module) or not isinstance(stages, Sequence):
+            raise TypeError(f"stages must be a list of this rank's stage modules, got {type(stages).__name__}")
         self.stages, self.groups = list(stages), groups
         infos = handshake.exchange(self.stages, groups, None, timeout_s=self.timeout_s)
         self.key, self.steps = infos[0].run_key, 0  # the same on every rank: names decode steps' notices
@@ -124,17 +131,28 @@ class Pipeline:
         if concurrency is not None and (not inputs.is_count(concurrency) or concurrency < 1):
             raise ValueError(f"concurrency={concurrency!r} must be a positive integer or None")
         prompts, problem = inputs.as_prompts(input_ids)
-        infos = self._exchange_prompts(prompts, problem)
-        problem = handshake.disagreement(infos) or handshake.first_problem(infos)
+        if request_ids is not None and not isinstance(request_ids, (str, bytes)) and isinstance(request_ids, Iterable):
+            request_ids = list(request_ids)  # a generator is read once, here
+        call = inputs.call_signature(schedule=schedule, chunk_size=chunk_size, request_ids=request_ids,
+                                     arrivals=arrivals, concurrency=concurrency, return_trace=return_trace,
+                                     decode_room=decode_room, cached_tokens=cached_tokens, steps=steps)
+        infos = self._exchange_prompts(prompts, problem, self._held_problem(prompts, request_ids, cached_tokens),
+                                       call)
+        problem = (handshake.disagreement(infos) or inputs.call_disagreement(infos)
+                   or handshake.first_problem(infos))
         if problem:
             raise ValueError(problem)
         lengths = handshake.prompt_lengths(infos)
         ids = inputs.check_request_ids(request_ids if request_ids is not None else range(len(lengths)), len(lengths))
         cached = cached_counts(cached_tokens, len(lengths))
+        limit = self.first.max_positions
+        if decode_room and limit is not None and max(lengths) + decode_room > limit:  # before any work
+            raise ValueError(f"a prompt of {max(lengths)} tokens and {decode_room} tokens to decode after it "
+                             f"(max_new_tokens={decode_room + 1}) exceed the model's {limit} positions")
         if any(cached):
             self._check_cached(ids, cached, lengths)
         if steps is not None:
-            steps = tuple(tuple((ids[int(q)], int(c)) for q, c in g) for g in steps)
+            steps = inputs.check_steps(steps, ids)
         plan = self.plan(schedule, requests_for(lengths, chunk_size, ids, arrivals, cached), concurrency, steps)
         executor = Executor(plan, self.mine, self.groups, self.pipeline, run_key=infos[0].run_key,
                             timeout_s=self.timeout_s, progress=progress, timed=return_trace,
@@ -211,15 +229,41 @@ class Pipeline:
         if first:
             raise ValueError(first)
 
-    def _exchange_prompts(self, prompts, problem) -> list[PromptInfo]:
+    def _held_problem(self, prompts, request_ids, cached_tokens) -> str | None:
+        """On a rank given the prompts: a request prefilled without ``cached_tokens`` that already holds
+        caches on this rank's stages (a second prefill of a live request would fail in the
+        middle of the plan, and its clean-up would then free the first one's caches). Carried through
+        the prompts' exchange, so every rank raises it before any work."""
+        if prompts is None:
+            return None
+        try:
+            ids = inputs.check_request_ids(request_ids if request_ids is not None else range(len(prompts)),
+                                           len(prompts))
+            cached = cached_counts(cached_tokens, len(prompts))
+        except ValueError:
+            return None  # raised alike on every rank after the exchange
+        for q, c in zip(ids, cached):
+            if c:  # a cached prefix is checked on every rank by _check_cached
+                continue
+            for st in self.stages:
+                have = st.cache_length(q)
+                if have:
+                    return (f"request {q!r} already holds {have} tokens in the caches of stage {list(st.layer_range)} "
+                            f"on global rank {self.groups.global_rank} (cached_tokens={c}): release it first, or "
+                            f"pass cached_tokens={have} to continue it")
+        return None
+
+    def _exchange_prompts(self, prompts, problem, held_problem: str | None = None,
+                          call: tuple = ()) -> list[PromptInfo]:
         lengths = None
         if prompts is not None and any(m.is_first for m in self.stages):
             lengths = tuple(int(p.numel()) for p in prompts)
             problems = [handshake.check_prompt(p, self.first, f"prompt {i}" if len(prompts) > 1 else "prompt")
                         for i, p in enumerate(prompts)]
             problem = problem or next((p for p in problems if p), None)
+        problem = problem or held_problem
         digest = handshake.prompts_digest(prompts) if prompts is not None else None
-        mine = PromptInfo(lengths, problem, os.urandom(8).hex(), self.groups.global_rank, digest)
+        mine = PromptInfo(lengths, problem, os.urandom(8).hex(), self.groups.global_rank, digest, call)
         if not dist.is_initialized() or self.groups.sizes.world_size == 1:
             return [mine]
         rendezvous("the prompts' exchange", self.groups.global_rank, self.groups.members, timeout_s=self.timeout_s)
@@ -276,11 +320,12 @@ class Pipeline:
         if not inputs.is_count(max_new_tokens) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
         sampler = sampler or Sampler()
+        if not isinstance(sampler, Sampler):
+            raise ValueError(f"sampler must be a vpp.runtime.Sampler or None (greedy), got {type(sampler).__name__}")
         start = time.perf_counter()
         out = self.prefill(prompts, chunk_size, schedule=schedule, request_ids=request_ids,
                            decode_room=max_new_tokens - 1, cached_tokens=cached_tokens)
         ids = [q.id for q in out.plan.requests]
-        self._check_room(out.plan, max_new_tokens)
         tokens = sampler.sample(self.next_logits(out, ids))
         ttft = time.perf_counter() - start
         generated = {q: [int(t)] for q, t in zip(ids, tokens)}
@@ -311,55 +356,6 @@ class Pipeline:
             if on_tokens is not None:
                 on_tokens(generated)
         return steps, time.perf_counter() - decode_start
-
-    def _check_room(self, plan: Plan, max_new_tokens: int) -> None:
-        limit = self.first.max_positions
-        longest = max(q.length for q in plan.requests)
-        if limit is not None and longest + max_new_tokens - 1 > limit:
-            raise ValueError(f"a prompt of {longest} tokens plus {max_new_tokens} new ones exceeds the model's "
-                             f"{limit} positions")
-
-
-def cached_counts(cached_tokens: int | Sequence[int], n: int) -> list[int]:
-    """``cached_tokens`` as one count per prompt (a single count applies to every prompt)."""
-    values = [cached_tokens] * n if isinstance(cached_tokens, int) and not isinstance(cached_tokens, bool) \
-        else list(cached_tokens)
-    if len(values) != n or any(not inputs.is_count(c) or c < 0 for c in values):
-        raise ValueError(f"cached_tokens={cached_tokens!r} must be a token count >= 0, or one per prompt "
-                         f"({n} prompts)")
-    return [int(c) for c in values]
-
-
-def requests_for(lengths: Sequence[int], chunk_size: inputs.Chunking, ids: Sequence[Hashable],
-                 arrivals: Sequence[float] | None = None, cached: Sequence[int] | None = None) -> list[Request]:
-    """The requests of a prefill: each prompt's chunk sizes (fixed, explicit or from a function) and
-    arrival time. With ``cached`` prefixes the chunks cover the rest of each prompt: a chunking
-    function is called as ``chunk_size(rest, cached=N)`` for a prompt with N > 0 cached tokens (a DCPP
-    planner's ``chunk_sizes`` sizes the first chunk for that prefix), ``chunk_size(n)`` otherwise."""
-    if arrivals is not None and any(isinstance(a, bool) or not isinstance(a, (int, float)) or a < 0 for a in arrivals):
-        raise ValueError(f"arrivals must be seconds >= 0, got {list(arrivals)!r}")
-    arrivals = [0.0] * len(lengths) if arrivals is None else [float(a) for a in arrivals]
-    if len(arrivals) != len(lengths):
-        raise ValueError(f"{len(arrivals)} arrival times for {len(lengths)} prompts")
-    cached = [0] * len(lengths) if cached is None else list(cached)
-    rest = [n - c for n, c in zip(lengths, cached)]
-    if any(r < 1 for r in rest):
-        raise ValueError(f"cached prefixes {cached} leave nothing to prefill of prompts of {list(lengths)} tokens")
-    if isinstance(chunk_size, int):
-        return [Request(q, r.chunk_sizes, a, c)
-                for q, r, a, c in zip(ids, chunk_requests(rest, chunk_size), arrivals, cached)]
-    if callable(chunk_size):
-        chunk_size = [inputs.check_sizes(list(chunk_size(n, cached=c) if c else chunk_size(n)),
-                                         f"chunk sizes the chunking function gave for {n} tokens")
-                      for n, c in zip(rest, cached)]
-    sizes = [tuple(s) for s in chunk_size]
-    if len(sizes) != len(lengths):
-        raise ValueError(f"{len(sizes)} chunkings for {len(lengths)} prompts")
-    for q, n, s, c in zip(ids, rest, sizes, cached):
-        if sum(s) != n:
-            what = f"the {n} tokens after its {c} cached ones need covering" if c else f"the prompt has {n} tokens"
-            raise ValueError(f"request {q}: chunk sizes sum to {sum(s)} but {what}")
-    return [Request(q, s, a, c) for q, s, a, c in zip(ids, sizes, arrivals, cached)]
 
 
 __all__ = ["Generation", "PLAN_CACHE", "Pipeline", "PromptInfo", "cached_counts", "requests_for"]

@@ -9,6 +9,7 @@ on the device).
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field
 
@@ -28,12 +29,16 @@ class Sampler:
     generator: torch.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, numbers.Real) or self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature!r} must be a number >= 0 (0: greedy)")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, numbers.Real) \
+                or not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature={self.temperature!r} must be a finite number >= 0 (0: greedy)")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral) or self.top_k < 0:
             raise ValueError(f"top_k={self.top_k!r} must be an integer >= 0 (0: no cut)")
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, numbers.Real) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p={self.top_p!r} must lie in (0, 1]")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) \
+                or not -(1 << 63) <= self.seed < (1 << 64):
+            raise ValueError(f"seed={self.seed!r} must be an integer in [-2**63, 2**64)")
         self.generator = torch.Generator().manual_seed(int(self.seed))
 
     @property
@@ -62,6 +67,9 @@ class Sampler:
         """One token per row of ``logits`` [B, vocab] -> LongTensor [B]."""
         if logits.dim() != 2:
             raise ValueError(f"logits must be [batch, vocab], got {tuple(logits.shape)}")
+        bad = (logits.isnan() | (logits == float("inf"))).any(-1)  # argmax would pick a NaN; -inf masks a token
+        if bool(bad.any()):
+            raise ValueError(f"logits rows {bad.nonzero().flatten().tolist()} hold NaN or +Inf: no token to pick")
         if self.greedy:
             return logits.float().argmax(-1).cpu()
         return torch.multinomial(self.probabilities(logits), 1, generator=self.generator)[:, 0]
