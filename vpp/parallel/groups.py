@@ -146,13 +146,13 @@ def initialize_model_parallel(
     local_rank: int | None = None,
 ) -> ParallelGroups:
     """Megatron-style entry point. ``torch.distributed`` must already be initialised (see
-    :func:`vpp.parallel.spawn.init_distributed`). Any world size that is a multiple of tp x pp
+    :func:`vpp.parallel.rendezvous.init_distributed`). Any world size that is a multiple of tp x pp
     gives ``dp = world // (tp * pp)`` data-parallel replicas of the pipeline.
 
     The device follows the default process group's backend (gloo: CPU, NCCL: CUDA, HCCL: NPU), so
     stages are never placed on a device the process group cannot move; an ``accelerator`` that
     disagrees with the backend is an error. The card is ``local_rank``'s, else the current device
-    (set by :func:`~vpp.parallel.spawn.init_distributed`)."""
+    (set by :func:`~vpp.parallel.rendezvous.init_distributed`)."""
     tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
     for name, value in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
                         ("expert_model_parallel_size", expert_model_parallel_size)):
