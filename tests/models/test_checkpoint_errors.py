@@ -246,3 +246,31 @@ def test_save_checkpoint_refuses_a_file_and_a_sharded_directory(tmp_path):
     with pytest.raises(RuntimeError, match="no weights"):
         save_checkpoint(cfg, broken, failing)
     assert not failing.exists()  # a failed save leaves no empty folder behind
+
+
+def test_a_failed_config_write_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    """Saving over a checkpoint when config.json's write fails (a full disk at its fsync): the old
+    weights and config stay a pair, byte for byte (the weights were renamed into place before the config
+    was written, so new weights sat beside the old config)."""
+    import errno
+    import os
+    from vpp import safe_write
+    from vpp.models import model_config, random_checkpoint, save_checkpoint
+    from vpp.models.tiny import TINY_CONFIGS
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("tells the config's file by its /proc/self/fd link (Linux)")
+    cfg = model_config(TINY_CONFIGS["tiny-qwen"])
+    out = tmp_path / "ckpt"
+    save_checkpoint(cfg, random_checkpoint(cfg, seed=0), out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if ".config.json." in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+    monkeypatch.setattr(safe_write.os, "fsync", fsync)
+    bigger = {**cfg, "rms_norm_eps": 1e-5}
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(bigger, random_checkpoint(cfg, seed=1), out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temporary file left either

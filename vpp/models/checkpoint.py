@@ -21,7 +21,7 @@ from safetensors.torch import save
 
 from vpp.config import quantization, read_config
 from vpp.models import fp8
-from vpp.safe_write import write_bytes, write_text
+from vpp.safe_write import atomic_open
 from vpp.models.safetensors_files import FLOAT_DTYPES, INDEX, CheckpointError, TensorInfo, read_header, read_index
 from vpp.parallel.sharding import Shard
 
@@ -246,9 +246,13 @@ def save_safetensors(shapes: Shapes, get_tensor: Callable[[str], torch.Tensor], 
         if tuple(t.shape) != tuple(shape):
             raise ValueError(f"{name}: tensor of shape {tuple(t.shape)}, the model expects {tuple(shape)}")
         tensors[name] = t.detach().contiguous().cpu()
+    text, blob = json.dumps(config, indent=2), save(tensors, metadata={"format": "pt"})
     out.mkdir(parents=True, exist_ok=True)  # only once every tensor is there: a failed save leaves no folder
-    write_bytes(out / "model.safetensors", save(tensors, metadata={"format": "pt"}))
-    write_text(out / "config.json", json.dumps(config, indent=2))
+    # both files are written in full before either is renamed into place: a failed write (a full disk)
+    # leaves the old pair, never new weights beside an old config.json or the other way round
+    with atomic_open(out / "model.safetensors", "wb") as weights_file, atomic_open(out / "config.json") as config_file:
+        weights_file.write(blob)
+        config_file.write(text)
     return out
 
 
