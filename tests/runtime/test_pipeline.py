@@ -93,3 +93,21 @@ def test_decoding_past_the_positions_is_refused():
 def test_generate_takes_a_sampler():
     with pytest.raises(ValueError, match=r"sampler must be a vpp.runtime.Sampler or None \(greedy\), got str"):
         _pipe().generate(_ids(), 2, 8, sampler="greedy")
+
+
+def test_a_generation_whose_callback_raises_leaves_no_caches_behind():
+    """Before: an ``on_tokens`` that raised left request 0's caches in place, and the next generate of
+    request 0 was refused ("already holds ... release it first"). With release=False the caller keeps
+    them, as asked."""
+    pipe = _pipe()
+
+    def stop_at_three(tokens):
+        if len(tokens[0]) == 3:
+            raise KeyboardInterrupt("enough")
+    with pytest.raises(KeyboardInterrupt, match="enough"):
+        pipe.generate(_ids(), 8, 8, on_tokens=stop_at_three)
+    assert pipe.stages[0].requests() == []
+    assert len(pipe.generate(_ids(), 8, 8).tokens[0]) == 8
+    with pytest.raises(KeyboardInterrupt):
+        pipe.generate(_ids(), 8, 8, on_tokens=stop_at_three, release=False)
+    assert pipe.stages[0].cache_length(0) == 24 + 2  # the prompt and the two tokens decoded before the stop

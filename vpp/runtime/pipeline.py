@@ -326,16 +326,18 @@ class Pipeline:
         out = self.prefill(prompts, chunk_size, schedule=schedule, request_ids=request_ids,
                            decode_room=max_new_tokens - 1, cached_tokens=cached_tokens)
         ids = [q.id for q in out.plan.requests]
-        tokens = sampler.sample(self.next_logits(out, ids))
-        ttft = time.perf_counter() - start
-        generated = {q: [int(t)] for q, t in zip(ids, tokens)}
-        if on_tokens is not None:
-            on_tokens(generated)
-        steps, decode_s = self.continue_generation(generated, max_new_tokens, sampler, eos_token_id=eos_token_id,
-                                                   on_tokens=on_tokens)
-        if release:
-            for q in ids:
-                self.release(q)
+        try:  # released also when decoding or ``on_tokens`` raises: no caches stay behind a failed call
+            tokens = sampler.sample(self.next_logits(out, ids))
+            ttft = time.perf_counter() - start
+            generated = {q: [int(t)] for q, t in zip(ids, tokens)}
+            if on_tokens is not None:
+                on_tokens(generated)
+            steps, decode_s = self.continue_generation(generated, max_new_tokens, sampler,
+                                                       eos_token_id=eos_token_id, on_tokens=on_tokens)
+        finally:
+            if release:
+                for q in ids:
+                    self.release(q)
         return Generation(generated, ttft, decode_s, steps)
 
     def continue_generation(self, generated: dict[Hashable, list[int]], max_new_tokens: int, sampler: Sampler, *,
