@@ -18,7 +18,8 @@ layers share an indexer cannot be cut between them). When the number of boundary
 :func:`vpp.plan.make_layout` passes it) and the even split, and moves one boundary at a time to any
 allowed position between its neighbours while the objective improves; it returns a partition no worse
 than any seed, in particular never heavier on its heaviest rank than the per-stage balancer's. One
-boundary at a time can stall above the optimum (a V of 2 ranks over costs 1 5 6 3 7 6 stalls at 19
+boundary at a time can stall above the optimum (a V of 2 ranks over costs 1 5 6 3 7 6, embedding 2 and
+head 3, stalls at 19
 against 17), so on a V of one fold (the paper's layout) the descent also starts from the optimum of the
 heaviest rank, :func:`_fold_back_optimum`: the heaviest rank is then optimal at any size.
 """
@@ -205,8 +206,8 @@ def _fold_back_optimum(costs, num_ranks: int, cuts: list[int], embed_cost: float
     most B - pre[j] + pre[i]: a suffix minimum over i' and a prefix minimum over j' of one matrix, so a
     test costs O(P K^2) for K boundary points. Bisection on B down to float precision (every rank load
     is a sum of layer costs, so the last feasible B is the optimum up to rounding), then, at B relaxed by
-the tolerance, a witness that takes, rank by rank, the two stages closest to the mean stage cost among
-those that keep B feasible."""
+    the tolerance, a witness that takes, rank by rank, the two stages closest to the mean stage cost
+    among those that keep B feasible."""
     n = len(costs)
     pts = np.array([0, *cuts, n])
     pre = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=np.float64))])[pts]
