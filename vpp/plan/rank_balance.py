@@ -19,9 +19,9 @@ layers share an indexer cannot be cut between them). When the number of boundary
 allowed position between its neighbours while the objective improves; it returns a partition no worse
 than any seed, in particular never heavier on its heaviest rank than the per-stage balancer's. One
 boundary at a time can stall above the optimum (a V of 2 ranks over costs 1 5 6 3 7 6, embedding 2 and
-head 3, stalls at 19
-against 17), so on a V of one fold (the paper's layout) the descent also starts from the optimum of the
-heaviest rank, :func:`_fold_back_optimum`: the heaviest rank is then optimal at any size.
+head 3, stalls at 19 against 17), so on a V of one fold (the paper's layout) the descent also starts
+from the optimum of the heaviest rank, :func:`_fold_back_optimum`: the heaviest rank is then optimal
+(within ``tolerance``) at any size.
 """
 
 from __future__ import annotations
