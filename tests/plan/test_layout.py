@@ -127,3 +127,41 @@ def test_bad_arguments_name_themselves_before_any_work(args, kw, message):
     for a NaN cost, or an out-of-memory kill building 2e9 stage ranks for pp=10**9)."""
     with pytest.raises(ValueError, match=message):
         make_layout(*args, **kw)
+
+
+@pytest.mark.parametrize("pp", range(1, 9))
+@pytest.mark.parametrize("folds", [1, 2, 3])
+def test_fold_back_map_and_even_split_for_every_layer_count(pp, folds):
+    """The V: lap j of P stages walks the ranks up (j even) or down (j odd); with one fold stage i sits on
+    rank i for i < P and on rank 2P-1-i after. Every L from 2fP to 130 (primes, DeepSeek's 61): each
+    layer once, in order; stages differ by at most one layer, the extra layers on the first stages (the
+    promise of ``make_layout``); and so do ranks, since the first L mod 2fP stages are whole laps (one
+    stage per rank each) and then a run of distinct ranks."""
+    stages = 2 * folds * pp
+    ranks = [i % pp if (i // pp) % 2 == 0 else pp - 1 - i % pp for i in range(stages)]
+    if folds == 1:
+        assert ranks == [i if i < pp else 2 * pp - 1 - i for i in range(stages)]
+    for num_layers in range(stages, 131):
+        lay = make_layout("v", num_layers, pp, folds=folds)
+        assert list(lay.stage_ranks) == ranks
+        assert [i for s in range(stages) for i in lay.layers_of(s)] == list(range(num_layers))
+        base, extra = divmod(num_layers, stages)
+        assert lay.partition == tuple(base + (s < extra) for s in range(stages))
+        per_rank = [sum(lay.partition[s] for s in lay.stages_of(r)) for r in range(pp)]
+        assert max(per_rank) - min(per_rank) <= 1
+        assert [s for s in range(stages - 1) if lay.is_local_hop(s)] == [s for s in range(stages - 1)
+                                                                      if ranks[s] == ranks[s + 1]]
+
+
+def test_allowed_starts_are_honoured_or_refused_by_every_partition():
+    """GLM-5's shared-indexer layers cannot start a stage. ``allowed_starts`` used to bind only the
+    per-rank balancer: a given partition or the even split that cut at layer 4 came back silently."""
+    lay = make_layout("v", 8, 2, partition=[3, 2, 1, 2], allowed_starts=[0, 3, 5, 6])
+    assert [a for a, _ in lay.stage_layers] == [0, 3, 5, 6]
+    with pytest.raises(ValueError, match=r"partition \[2, 2, 2, 2\] starts stage 1 at layer 2, not one of the "
+                                         r"allowed_starts \[0, 3, 5, 6\] \(v layout, pp=2, folds=1\)$"):
+        make_layout("v", 8, 2, partition=[2, 2, 2, 2], allowed_starts=[3, 5, 6])
+    with pytest.raises(ValueError, match="starts stage 1 at layer 2.*; pass per_rank=True to cut only there"):
+        make_layout("v", 8, 2, allowed_starts=[0, 3, 5, 6])
+    balanced = make_layout("v", 8, 2, allowed_starts=[0, 3, 5, 6], per_rank=True)
+    assert [a for a, _ in balanced.stage_layers] == [0, 3, 5, 6]

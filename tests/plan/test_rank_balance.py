@@ -48,10 +48,10 @@ def test_make_layout_per_rank():
     assert max(loads) < max(rank_loads(even, [1.0] * 61, lay.stage_ranks, embed_cost=0.05, head_cost=0.05))
 
 
-def _brute_force(costs, ranks, embed, head):
+def _brute_force(costs, ranks, embed, head, allowed=None):
     n, s = len(costs), len(ranks)
     best = None
-    for bounds in itertools.combinations(range(1, n), s - 1):
+    for bounds in itertools.combinations(range(1, n) if allowed is None else allowed, s - 1):
         edges = (0, *bounds, n)
         part = [b - a for a, b in zip(edges, edges[1:])]
         top = max(rank_loads(part, costs, ranks, embed_cost=embed, head_cost=head))
@@ -110,3 +110,32 @@ def test_bad_inputs_are_one_line(costs, ranks, kw, message):
     sequence", a (0,) partition of no layers, or rank -1 silently folded onto the last rank's load."""
     with pytest.raises(ValueError, match=message):
         balance_ranks(costs, ranks, **kw)
+
+
+def test_fold_back_heaviest_rank_is_optimal_past_the_exact_limit():
+    """A V of 2 ranks over costs 1 5 6 3 7 6 (embedding 2, head 3): stages 1 5 | 6 | 3 7 | 6 cost
+    8, 6, 10, 9, so rank 0 carries 8 + 9 = 17 and rank 1 16, the best of the 10 boundary sets. Moving one
+    boundary at a time, the search past ``exact_limit`` used to stall at 19 from (1, 1, 2, 2)."""
+    costs, ranks = [1, 5, 6, 3, 7, 6], stage_ranks_for("v", 2)
+    part = balance_ranks(costs, ranks, embed_cost=2, head_cost=3, exact_limit=0, tolerance=0.0)
+    assert max(rank_loads(part, costs, ranks, embed_cost=2, head_cost=3)) == 17 == _brute_force(costs, ranks, 2, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(costs=st.lists(st.integers(0, 9), min_size=6, max_size=13), pp=st.integers(1, 3),
+       embed=st.integers(0, 4), head=st.integers(0, 4), tolerance=st.sampled_from([0.0, 0.005]),
+       data=st.data())
+def test_fold_back_search_matches_the_brute_force_at_any_size(costs, pp, embed, head, tolerance, data):
+    """``exact_limit=0`` forces the search used for long models (61 layers on P >= 3 has millions of
+    boundary sets); on a V of one fold it must still reach the brute-force optimum (within tolerance),
+    also with stage starts restricted."""
+    ranks = stage_ranks_for("v", pp)
+    if len(ranks) > len(costs):
+        return
+    allowed = sorted(data.draw(st.sets(st.integers(1, len(costs) - 1), min_size=len(ranks) - 1)))
+    part = balance_ranks(costs, ranks, embed_cost=embed, head_cost=head, allowed=allowed, exact_limit=0,
+                         tolerance=tolerance)
+    edges = [0, *itertools.accumulate(part)]
+    assert set(edges[1:-1]) <= set(allowed) and min(part) >= 1 and edges[-1] == len(costs)
+    best = _brute_force(costs, ranks, embed, head, allowed)
+    assert max(rank_loads(part, costs, ranks, embed_cost=embed, head_cost=head)) <= best * (1 + tolerance) + 1e-9

@@ -145,7 +145,8 @@ def make_layout(kind: str, num_layers: int, pp: int, *, folds: int = 1,
     last stage; in a V both land on rank 0), the partition minimises the most expensive stage and,
     among those, the spread of stage costs (sum of squares); with ``per_rank`` it minimises the most
     expensive *rank* instead (:func:`.rank_balance.balance_ranks`), cutting stages only at
-    ``allowed_starts`` when given.
+    ``allowed_starts`` when given. Any other partition (given, even or per stage) that starts a stage
+    elsewhere than ``allowed_starts`` is refused.
     """
     _check_count("num_layers", num_layers)
     if isinstance(kind, str) and kind in KINDS and all(  # before any list of stages is built (pp=10**9)
@@ -156,6 +157,7 @@ def make_layout(kind: str, num_layers: int, pp: int, *, folds: int = 1,
                              f"folds={folds}): every stage needs at least one layer")
     ranks = stage_ranks_for(kind, pp, folds)
     where = f"{kind} layout, pp={pp}, folds={folds}"
+    given = partition is not None
     if per_rank and partition is None:
         costs = _layer_costs(num_layers, layer_costs)
         _check_edge_costs(embed_cost, head_cost)
@@ -168,6 +170,13 @@ def make_layout(kind: str, num_layers: int, pp: int, *, folds: int = 1,
     for n in counts:
         bounds.append((start, start + n))
         start += n
+    if allowed_starts is not None:
+        allowed = sorted({0, *(int(a) for a in allowed_starts)})
+        off = next(((s, a) for s, (a, _) in enumerate(bounds) if a not in allowed), None)
+        if off is not None:
+            hint = "" if given or per_rank else "; pass per_rank=True to cut only there"
+            raise ValueError(f"partition {list(counts)} starts stage {off[0]} at layer {off[1]}, not one of the "
+                             f"allowed_starts {allowed} ({where}){hint}")
     return Layout(kind=kind, num_ranks=pp, num_layers=num_layers, folds=folds,
                   stage_ranks=ranks, stage_layers=tuple(bounds))
 

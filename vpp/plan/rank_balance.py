@@ -17,7 +17,11 @@ layers share an indexer cannot be cut between them). When the number of boundary
 ``seeds`` (partitions to improve on, e.g. the per-stage balancer's, :func:`vpp.plan.layout.balance`, as
 :func:`vpp.plan.make_layout` passes it) and the even split, and moves one boundary at a time to any
 allowed position between its neighbours while the objective improves; it returns a partition no worse
-than any seed, in particular never heavier on its heaviest rank than the per-stage balancer's.
+than any seed, in particular never heavier on its heaviest rank than the per-stage balancer's. One
+boundary at a time can stall above the optimum (a V of 2 ranks over costs 1 5 6 3 7 6, embedding 2 and
+head 3, stalls at 19 against 17), so on a V of one fold (the paper's layout) the descent also starts
+from the optimum of the heaviest rank, :func:`_fold_back_optimum`: the heaviest rank is then optimal
+(within ``tolerance``) at any size.
 """
 
 from __future__ import annotations
@@ -96,6 +100,9 @@ def balance_ranks(costs: Sequence[float], stage_ranks: Sequence[int], *, embed_c
         return (n,)
     score = _objective(tuple(stage_ranks), list(costs), embed_cost, head_cost)
     starts = _starts(seeds, stages, cuts, n)
+    if math.comb(len(cuts), stages - 1) > exact_limit and _is_fold_back(stage_ranks):
+        starts.append(_fold_back_optimum(costs, len(stage_ranks) // 2, cuts, embed_cost, head_cost, tolerance,
+                                         [score(b)[0] for b in starts[:len(seeds)]]))
     if math.comb(len(cuts), stages - 1) <= exact_limit:
         return _exact(costs, stage_ranks, embed_cost, head_cost, cuts, [score(b)[0] for b in starts[:len(seeds)]],
                       tolerance)
@@ -177,6 +184,75 @@ def _starts(seeds, stages, cuts, n) -> list[list[int]]:
     else:
         out.append(cuts[:stages - 1])
     return out
+
+
+def _is_fold_back(stage_ranks: Sequence[int]) -> bool:
+    """``stage_ranks`` is a V of one fold: 0, 1, .., P-1, P-1, .., 1, 0."""
+    half = len(stage_ranks) // 2
+    return len(stage_ranks) == 2 * half and list(stage_ranks) == [*range(half), *reversed(range(half))]
+
+
+def _fold_back_optimum(costs, num_ranks: int, cuts: list[int], embed_cost: float, head_cost: float,
+                       tolerance: float = 0.0, seed_tops: Sequence[float] = ()) -> list[int]:
+    """Inner boundaries of a V of ``num_ranks`` ranks (one fold) whose heaviest rank is the lightest,
+    within ``tolerance`` of it and no heavier than any of ``seed_tops`` (as :func:`_exact` counts ties).
+
+    Rank r holds stages r and 2P-1-r, so walking the V from the outside in, each rank takes a block off
+    the front and a block off the back of what is left, [i, j), and rank P-1 takes the rest, cut once.
+    For a bound B, ok_r[i, j] says ranks r .. P-1 can share [i, j) with none above B:
+    ok_{P-1}[i, j] iff pre[j] - pre[i] <= B and an allowed cut lies strictly inside; for r < P-1,
+    ok_r[i, j] iff some i < i' < j' < j (allowed cuts) has ok_{r+1}[i', j'] and
+    pre[i'] - pre[i] + pre[j] - pre[j'] <= B, i.e. min over those (i', j') of pre[i'] - pre[j'] is at
+    most B - pre[j] + pre[i]: a suffix minimum over i' and a prefix minimum over j' of one matrix, so a
+    test costs O(P K^2) for K boundary points. Bisection on B down to float precision (every rank load
+    is a sum of layer costs, so the last feasible B is the optimum up to rounding), then, at B relaxed by
+    the tolerance, a witness that takes, rank by rank, the two stages closest to the mean stage cost
+    among those that keep B feasible."""
+    n = len(costs)
+    pts = np.array([0, *cuts, n])
+    pre = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=np.float64))])[pts]
+    k = len(pts)
+    a_idx, b_idx = np.meshgrid(np.arange(k), np.arange(k), indexing="ij")
+    span = pre[None, :] - pre[:, None]                                    # span[a, b] = pre[b] - pre[a]
+    edge = np.where(a_idx == 0, embed_cost, 0.0) + np.where(b_idx == k - 1, head_cost, 0.0)
+    inner = (a_idx > 0) & (b_idx < k - 1)
+
+    def levels(bound: float) -> list[np.ndarray]:
+        ok = [None] * num_ranks
+        ok[-1] = (b_idx - a_idx >= 2) & (span + edge <= bound)
+        for r in range(num_ranks - 2, -1, -1):
+            v = np.where(ok[r + 1] & inner, pre[:, None] - pre[None, :], np.inf)   # pre[a'] - pre[b']
+            v = np.minimum.accumulate(v[::-1], axis=0)[::-1]                       # over a' >= a
+            v = np.minimum.accumulate(v, axis=1)                                   # over b' <= b
+            best = np.full((k, k), np.inf)
+            best[:-1, 1:] = v[1:, :-1]                                             # a' > a, b' < b
+            ok[r] = best <= bound - span - edge
+        return ok
+
+    lo, hi = 0.0, float(pre[-1]) + embed_cost + head_cost
+    tol = 1e-12 * max(hi, 1.0)
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        if levels(mid)[0][0, k - 1]:
+            hi = mid
+        else:
+            lo = mid
+    hi = max(hi, min([hi * (1 + tolerance), *seed_tops]))
+    ok, a, b, front, back = levels(hi), 0, k - 1, [], []
+    mean = (float(pre[-1]) + embed_cost + head_cost) / (2 * num_ranks)
+    for r in range(num_ranks - 1):   # the witness, tested exactly as ``levels`` did
+        fits = ok[r + 1] & inner & (pre[:, None] - pre[None, :] <= hi - span[a, b] - edge[a, b])
+        fits[:a + 1, :] = False
+        fits[:, b:] = False
+        cand = np.argwhere(fits)          # of those, the pair whose two stages come closest to the mean
+        front_cost = pre[cand[:, 0]] - pre[a] + (embed_cost if a == 0 else 0.0)
+        back_cost = pre[b] - pre[cand[:, 1]] + (head_cost if b == k - 1 else 0.0)
+        a, b = (int(x) for x in cand[np.argmin((front_cost - mean) ** 2 + (back_cost - mean) ** 2)])
+        front.append(int(pts[a]))
+        back.append(int(pts[b]))
+    half = (pre[a] + pre[b]) / 2                 # rank P-1's cut: its two stages as even as the cuts allow
+    mid = int(pts[min(range(a + 1, b), key=lambda c: abs(pre[c] - half))])
+    return [*front, mid, *reversed(back)]
 
 
 def _descend(starts: list[list[int]], cuts: list[int], n: int, score) -> tuple[int, ...]:
