@@ -64,6 +64,19 @@ def deeper(scale: float, requests: int, chunk: int) -> str:
     return "\n".join(lines + [""])
 
 
+def _without_out(argv: list[str]) -> list[str]:
+    """The command's arguments as recorded in the report: where it was written is not part of it."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            out.append(a)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=32, help="divide the paper's token counts by this")
@@ -75,7 +88,7 @@ def main() -> int:
     chunk = int(round(32768 / args.scale))
     setup = StreamSetup(chunk_size=chunk)
     parts = [f"# Simulated request streams: {', '.join(strategies.get(s).label for s in STRATEGIES)}", "",
-             "`" + " ".join(["python -m benchmarks.stream_sim"] + sys.argv[1:]) + "`", "",
+             "`" + " ".join(["python -m benchmarks.stream_sim"] + _without_out(sys.argv[1:])) + "`", "",
              "Cost model: this machine's per-layer law (BENCH.md): a 1K-token chunk takes 89 ms per layer after "
              "no prefix and 34 ms more per 1K of prefix (attention 34 ms per 1K x 1K token pairs, half of it "
              "within the chunk), 2 ms per chunk per layer of launch overhead (assumed), fp32 activations of "

@@ -1,0 +1,45 @@
+"""The committed results of the fast deterministic benchmarks are what the code gives now.
+
+A results file is a promise (README): when the model changes and a report is not regenerated, its
+figures go stale silently (tail_merge.md and stream_sim.md once quoted a DCPP planner two versions
+old). Each script here runs in a few seconds, deterministically; its markdown must equal the committed
+one but for the line that says how long it took. The slower reports are held otherwise:
+paper_repro.json by ``tests/test_scripts.py::test_paper_sensitivity_quick`` (its count recomputed),
+checkpoint_reads by its own byte counts."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+FRESH = {  # script -> (its arguments writing into DIR, the markdown it writes there)
+    "cp_compare": (["--out", "{dir}"], "cp_compare.md"),
+    "tail_merge": (["--out", "{dir}"], "tail_merge.md"),
+    "stream_sim": (["--out", "{dir}/stream_sim.md"], "stream_sim.md"),
+}
+
+
+def _body(text: str) -> list[str]:
+    return [line for line in text.rstrip().splitlines() if not line.startswith("_Generated in")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(FRESH))
+def test_a_committed_report_is_what_its_script_gives_now(script, tmp_path):
+    args, name = FRESH[script]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", *[a.format(dir=tmp_path) for a in args]],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    now, committed = _body((tmp_path / name).read_text()), _body((RESULTS / name).read_text())
+    stale = [f"line {i + 1}: committed {c!r}, now {n!r}" for i, (c, n) in enumerate(zip(committed, now)) if c != n]
+    assert len(now) == len(committed) and not stale, (
+        f"benchmarks/results/{name} is stale: run `python -m benchmarks.{script}` and commit it "
+        f"({len(committed)} vs {len(now)} lines; first differences: {stale[:3]})")
