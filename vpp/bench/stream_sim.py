@@ -18,7 +18,8 @@ of 8 heads x 64 at 16K tokens in 1K chunks, tau_k ~ 89 + 34 k ms, R^2 0.99; gloo
 Three more strategies (:data:`EXTRA`) put the five in context:
 
 * ``cpp-async``, ``dcpp-async`` -- the loop with non-blocking transfers. Rank 0 may then run any number
-  of chunks ahead of rank 1 (unbounded activation buffering): an upper bound for CPP. Blocking CPP keeps
+  of chunks ahead of rank 1 (unbounded activation buffering): an upper bound for CPP while a transfer
+  takes less than tau grows per chunk (each receive is posted after the previous compute). Blocking CPP keeps
   about P chunks in flight, like the batch queues of vLLM's and SGLang's pipelines.
 * ``vpp-async-pipelined`` -- VPP-Async with ``request_order="pipelined"``: the unit-time slot order
   numbers the chunks of all requests consecutively, which overlaps requests without any cost model.

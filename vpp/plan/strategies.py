@@ -18,7 +18,9 @@ name means the same thing everywhere and an unknown name gives the same error ev
 
 Three variants put those in context in simulations (``variant=True``; offered by no default list):
 ``cpp-async`` / ``dcpp-async`` (the loop with non-blocking transfers: rank 0 may run unboundedly
-ahead, an upper bound for CPP) and ``vpp-async-pipelined`` (VPP-Async whose unit-time order numbers
+ahead; an upper bound for CPP while a transfer takes less than tau grows per chunk, since each receive
+is posted after the rank's previous compute and a longer transfer shows on every chunk,
+tests/plan/test_closed_forms.py) and ``vpp-async-pipelined`` (VPP-Async whose unit-time order numbers
 the chunks of all requests consecutively).
 """
 
