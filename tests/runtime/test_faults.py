@@ -115,8 +115,11 @@ def _start_prefill(tmp_path: Path) -> tuple[subprocess.Popen, set[int]]:
            "--no-progress", "--timeout", "120"]
     # output to a file, not a pipe: after SIGKILL of the parent its ranks (and multiprocessing's resource
     # tracker) still hold the pipe for a moment, and reading it would wait on them, not on the parent
+    # SIGINT as a terminal's Ctrl-C finds it: a suite started in the background inherits SIGINT ignored
+    # (POSIX shells ignore it for asynchronous commands), and Python then leaves it ignored in vpp too
     with open(tmp_path / "stderr", "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=ENV, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=ENV, cwd=ROOT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + START_S  # two interpreters importing torch on a loaded machine
     ranks: set[int] = set()
     while time.monotonic() < deadline and len(ranks) < 2:
