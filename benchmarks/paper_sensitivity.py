@@ -25,13 +25,12 @@ import sys
 import time
 
 from benchmarks._report import md_table
-from benchmarks.paper_repro import STRATS, model_cells, scored_cells
+from benchmarks.paper_repro import STRATS, model_cells, scored_cells, table_512k
 from benchmarks.paper_streams import streams
 from benchmarks import paper_cells as PC
 from vpp.bench import paper
 from vpp.bench.sweep import fitted_setups, sweep
 from vpp.perf.hardware import ASCEND_910C
-from vpp.perf.runs import run
 
 ASSUMED = ("eff_matmul", "eff_mem", "link_latency", "kernel_overhead")
 SHARES = ("eff_matmul", "eff_mem")          # capped at 1
@@ -59,8 +58,7 @@ def evaluate(changes: dict, predicted: set) -> dict:
     points = sweep(setups, list(STRATS), paper.LENGTHS, paper.CHUNKS)
     cells = model_cells(setups, points) + PC.stream_cells(streams(setups, True))
     scored = [c for c in cells if c.key in predicted]
-    ds = setups["deepseek-v3.1"]
-    totals = {s: run(ds, s, [524288], 24576).row.total for s, _ in TOTALS}
+    totals = {s: r.row.total for s, r in table_512k(setups).items()}
     return {"fit": {"eff_attn": fit.eff_attn, "eff_link": fit.eff_link, "host_step": fit.host_step},
             "within": sorted(f"{c.section}: {c.row}" for c in scored if c.within),
             "scored": len(scored),
