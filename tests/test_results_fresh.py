@@ -4,7 +4,8 @@ A results file is a promise (README): when the model changes and a report is not
 figures go stale silently (tail_merge.md and stream_sim.md once quoted a DCPP planner two versions
 old). Each script here runs in a few seconds, deterministically; its markdown must equal the committed
 one but for the line that says how long it took. The slower reports are held otherwise:
-paper_repro.json by ``tests/test_scripts.py::test_paper_sensitivity_quick`` (its count recomputed),
+paper_repro.json by ``tests/test_scripts.py::test_paper_sensitivity_quick`` (its fit and its predicted
+cells within recomputed),
 checkpoint_reads by its own byte counts."""
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def _rows(markdown: str, first_cell: str) -> list[list[str]]:
 @pytest.mark.slow
 def test_paper_sensitivity_quick(tmp_path):
     """The adopted row, computed by the sensitivity script's own path (refit, rerun, score), must give
-    the committed paper_repro.json's count of predicted cells within; the variant must refit (a GEMM
+    the committed paper_repro.json's fit and its predicted cells within (names and count); the variant must refit (a GEMM
     efficiency halved moves the attention efficiency the fit finds) and keep the same cells scored."""
     committed = ROOT / "benchmarks" / "results" / "paper_repro.json"
     _run("-m", "benchmarks.paper_sensitivity", "--quick", "--statuses", str(committed), "--out", str(tmp_path))
@@ -58,6 +58,12 @@ def test_paper_sensitivity_quick(tmp_path):
     summary = json.loads(committed.read_text())["summary"]
     adopted, half = rows
     assert adopted["variant"] == "adopted" and half["changes"] == {"eff_matmul": 0.35}
+    # the committed report is what the code gives now: the same fit, the same predicted cells within
+    committed_within = sorted(f"{c['section']}: {c['row']}" for c in json.loads(committed.read_text())["cells"]
+                              if c["status"] == "predicted" and c["within"])
+    assert adopted["within"] == committed_within, "benchmarks/results/paper_repro.* is stale: rerun paper_repro"
+    fit = json.loads(committed.read_text())["fit"]
+    assert all(abs(adopted["fit"][k] - fit[k]) <= 1e-9 * abs(fit[k]) for k in fit), (adopted["fit"], fit)
     assert len(adopted["within"]) == summary["predicted_within"]
     assert adopted["scored"] == half["scored"] == summary["predicted_scored"]
     assert abs(half["fit"]["eff_attn"] - adopted["fit"]["eff_attn"]) > 1e-3
