@@ -10,6 +10,8 @@ checkpoint_reads by its own byte counts."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import pathlib
 import subprocess
@@ -44,3 +46,25 @@ def test_a_committed_report_is_what_its_script_gives_now(script, tmp_path):
     assert len(now) == len(committed) and not stale, (
         f"benchmarks/results/{name} is stale: run `python -m benchmarks.{script}` and commit it "
         f"({len(committed)} vs {len(now)} lines; first differences: {stale[:3]})")
+
+
+def test_the_results_readme_quotes_the_committed_paper_scores():
+    """benchmarks/results/README.md's figures for the paper model are the committed JSONs' (a hand-written
+    summary goes stale when the reports are regenerated; the JSONs are held to the code above and in
+    test_scripts.py)."""
+    text = " ".join((RESULTS / "README.md").read_text().split())
+    repro = json.loads((RESULTS / "paper_repro.json").read_text())
+    s = repro["summary"]
+    assert f"**{s['predicted_within']} of {s['predicted_scored']} predicted cells are within tolerance**" in text
+    assert f"**{s['predicted_within']} of {s['predicted_scored']} predicted cells within tolerance" in \
+        (RESULTS / "paper_repro.md").read_text()
+    rows = json.loads((RESULTS / "paper_sensitivity.json").read_text())["rows"]
+    counts = [len(r["within"]) for r in rows]
+    assert f"{min(counts)} to {max(counts)} of {s['predicted_scored']} within" in text
+    worst = max(abs(e) for r in rows for e in r["totals_error"].values())
+    assert f"within {math.ceil(100 * worst)}%" in text.split("paper_sensitivity.md")[1]
+    assert all(r["order_holds"] for r in rows)
+    totals = {k: v["total"] for k, v in repro["table_512k"].items()}
+    adopted = rows[0]["totals_error"]  # the adopted row is paper_repro's model (its fit is held in test_scripts)
+    assert f"totals are within {math.ceil(100 * max(abs(e) for e in adopted.values()))}%" in text
+    assert totals["vpp-async"] < totals["cpp"] < totals["dcpp"]
