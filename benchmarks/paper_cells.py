@@ -82,23 +82,34 @@ def receives_per_chunk(layout) -> list[int]:
 
 
 def allgather_cells(d, v, d_layout, v_layout) -> list[Cell]:
-    """Sec. 6.3's AllGather facts from the 512K DCPP and VPP-Async rows: PP hand-over all-gathers per
-    rank, counted on a rank that receives in both layouts (the paper's tables are per rank; on the loop only
-    rank 1 receives, one per chunk; on the V every rank receives one per chunk), time per hand-over, and the
-    overhead change. The paper's 4.58x fewer calls at 11x the latency each is +140%, not its stated +39.7%."""
+    """Sec. 6.3's AllGather facts from the 512K DCPP and VPP-Async rows, read as the per-layer TP
+    collectives (the model's all-reduces; a ring all-reduce is a reduce-scatter and an all-gather).
+
+    Why that reading: the paper's +5.27 s = +39.7% puts DCPP's AllGather time at ~13.3 s and VPP's at
+    ~18.5 s per rank, the size of the model's TP collectives (~17 s), while the PP hand-overs' all-gathers
+    (one per received chunk, vLLM's ``send_tensor_dict(all_gather_group=tp)``) move ~0.3 s in DCPP; the
+    paper does not say which all-gathers it counts. Per rank, calls scale with the steps (the same layers
+    on each rank in both layouts), time per call with each step's tokens. The note gives the PP
+    hand-over reading's figures beside it. The paper's 4.58x fewer calls at 11x the latency each is
+    +140%, not its stated +39.7%."""
     A = paper.ALLGATHER_512K
+    tp_d, tp_v = d.categories.get("tp_comm", 0.0), v.categories.get("tp_comm", 0.0)
+    calls = d.chunks / v.chunks
     rd, rv = receives_per_chunk(d_layout), receives_per_chunk(v_layout)
-    both = [r for r in range(min(len(rd), len(rv))) if rd[r] and rv[r]]
-    r = both[0]
-    calls_d, calls_v = d.chunks * rd[r], v.chunks * rv[r]
     mean_d, mean_v = d.chunks * sum(rd) / len(rd), v.chunks * sum(rv) / len(rv)
-    lat_d, lat_v = pp_comm(d) / mean_d, pp_comm(v) / mean_v
-    return [Cell("Table 2 text", "AllGather calls DCPP / VPP", A["calls_dcpp_over_vpp"], calls_d / calls_v, "x",
-                 f"model: hand-overs received on rank {r}; averaged over ranks {mean_d / mean_v:.2f}x"),
-            Cell("Table 2 text", "AllGather latency per call VPP / DCPP", A["latency_vpp_over_dcpp"], lat_v / lat_d, "x",
-                 "model: PP communication per hand-over, per rank (profiler view: from post to arrival)"),
+    pp_lat = (pp_comm(v) / mean_v) / (pp_comm(d) / mean_d)
+    both = [r for r in range(min(len(rd), len(rv))) if rd[r] and rv[r]]
+    return [Cell("Table 2 text", "AllGather calls DCPP / VPP", A["calls_dcpp_over_vpp"], calls, "x",
+                 f"model: TP collectives per rank, one set per step (PP hand-overs received: "
+                 f"{d.chunks * rd[both[0]] / (v.chunks * rv[both[0]]):.2f}x on rank {both[0]}, "
+                 f"{mean_d / mean_v:.2f}x averaged over ranks)"),
+            Cell("Table 2 text", "AllGather latency per call VPP / DCPP", A["latency_vpp_over_dcpp"],
+                 (tp_v / v.chunks) / (tp_d / d.chunks), "x",
+                 f"model: TP collective time per call, per rank (PP hand-overs, from post to arrival: {pp_lat:.0f}x)"),
             Cell("Table 2 text", "AllGather overhead VPP over DCPP", 100 * A["overhead_increase"],
-                 100 * (pp_comm(v) / pp_comm(d) - 1), "%", "stated: +5.27 s",
+                 100 * (tp_v / tp_d - 1), "%",
+                 f"stated: +5.27 s; model: {tp_v - tp_d:+.2f} s on {tp_d:.1f} s (PP hand-overs: "
+                 f"{pp_comm(d):.2f} s -> {pp_comm(v):.1f} s)",
                  alt=("4.58x fewer calls x 11x latency", 100 * (A["latency_vpp_over_dcpp"] / A["calls_dcpp_over_vpp"] - 1)))]
 
 

@@ -39,7 +39,9 @@ MECHANISMS = (
      "eff_attn FITTED (CPP computation)"),
     ("MLA prefix rebuild per chunk", "gather, up-projection GEMM and split/concat copies of the cached prefix for "
      "every chunk (vLLM's MLA chunked-context prefill)", "vLLM MLA code; Table 2(b) Slice / MatMulV3", "none"),
-    ("TP collectives", "2 all-reduces per layer (ring: 2(n-1) latency steps + volume at eff_link)",
+    ("TP collectives", "2 all-reduces per layer (ring: 2(n-1) latency steps + volume at eff_link); the paper's "
+     "AllGather facts (Sec. 6.3) are read on them: its +5.27 s is the size of these, not of the PP hand-overs' "
+     "all-gathers (benchmarks/paper_cells.py allgather_cells)",
      "HCCL ring algorithm", "eff_link FITTED (CPP exposed comm.); link_latency 10 us assumed"),
     ("fixed cost per collective (what-if)", "an extra cost per collective call", "none found; Table 1's +6.01 s "
      "asks for ~0.9 ms", "off (section 5)"),
