@@ -30,9 +30,10 @@ from vpp.perf.configs import get_config
 from vpp.perf.hardware import H100, H200
 from vpp.perf.decompose import decompose
 from vpp.perf.memory import kv_bytes_per_token_layer, rank_memory
+from benchmarks._beyond_findings import findings
 from benchmarks._report import figure, kib, md_table, save
 from vpp.perf.runs import Setup, run
-from vpp.bench.sweep import MODELS, fitted_setups, paper_setup
+from vpp.bench.sweep import KV_BYTES, MODELS, fitted_setups, paper_setup
 from vpp.perf.taper import best_taper
 from vpp.perf.tune import NothingFits, paper_best, tune
 from vpp.plan.ir import Request
@@ -139,11 +140,13 @@ def section_dsa(setups, out_dir=None, sizes=FULL):
     lines = ["## 2. Sparse attention (DSA) and VPP", "",
              "tau_k: per-stage time of chunk k (stage 1 of the V, 19-20 layers) at a fixed budget over 128K. "
              "Eq. 2 is tau_k = (k+1) tau_0; Eq. 3b needs only tau affine in k.", ""]
-    body, curves = [], {}
+    body, curves, fits = [], {}, []
     for name, s in (("GLM-5.2 DSA", glm), ("GLM-5.2 dense MLA", dense)):
         for c in sizes.chunks:
             tau, a, b, r2, res, dev = tau_curve(s, c, 131072)
             curves[(name, c)] = tau
+            fits.append({"attention": "DSA" if s is glm else "dense MLA", "chunk": c, "alpha_over_beta": a / b,
+                         "r2": r2, "max_resid": res, "max_dev_eq2": dev})
             body.append([name, kib(c), f"{tau[0]:.3f}", f"{tau[-1]:.3f}", f"{a:.3f}", f"{b:.4f}", f"{a / b:.1f}",
                          f"{r2:.4f}", f"{100 * res:.1f}%", f"{100 * dev:.0f}%"])
     lines += [md_table(["model", "budget", "tau_0 (s)", "tau_last", "alpha", "beta", "alpha/beta (Eq.2: 1)",
@@ -151,9 +154,10 @@ def section_dsa(setups, out_dir=None, sizes=FULL):
     cost = glm.cost(glm.layout("v"))
     bd = cost.breakdown(1, 16384, 131072 - 16384)
     tot = sum(bd.values())
+    shares = {k: v / tot for k, v in bd.items()}
     lines += ["Where a DSA stage's time goes (16K chunk at 112K prefix): " +
               ", ".join(f"{k} {100 * v / tot:.0f}%" for k, v in sorted(bd.items(), key=lambda kv: -kv[1]) if v / tot > 0.01), ""]
-    rows = []
+    rows, remedies = [], []
     for name, s in (("DSA", glm), ("dense MLA", dense)):
         for L in sizes.dsa_lengths:
             cpp = min(run(s, "cpp", [L], c).row.total for c in sizes.chunks)
@@ -165,6 +169,9 @@ def section_dsa(setups, out_dir=None, sizes=FULL):
             both = min(best_taper(lambda sz: run(s, "vpp-async", [L], c, folds=2,
                                                  requests=[Request(0, tuple(sz))]).row.total, L, c)[3] for c in sizes.chunks)
             v = base[0].row.total
+            remedies.append({"attention": name, "length": L, "cpp": cpp, "vpp_async": v, "bubble": sim.bubble_ratio,
+                             "vpp_vs_cpp": (cpp - v) / cpp, "taper": (v - tap) / v, "folds2": (v - f2) / v,
+                             "both": (v - both) / v, "remedied_vs_cpp": (cpp - both) / cpp})
             rows.append([name, kib(L), f"{cpp:.2f}", f"{v:.2f} [{kib(base[1])}]", f"{100 * sim.bubble_ratio:.1f}%",
                          f"{100 * (cpp - v) / cpp:+.1f}%", f"{100 * (v - tap) / v:+.1f}%", f"{100 * (v - f2) / v:+.1f}%",
                          f"{100 * (v - both) / v:+.1f}%", f"{100 * (cpp - both) / cpp:+.1f}%"])
@@ -172,11 +179,13 @@ def section_dsa(setups, out_dir=None, sizes=FULL):
               "own best budget):", "",
               md_table(["attention", "length", "CPP best", "VPP-Async [budget]", "VPP bubble", "VPP vs CPP",
                         "taper", "2 folds", "taper + 2 folds", "remedied VPP vs CPP"], rows), ""]
-    what = []
+    what, whatif = [], []
     for eff in (None, 0.1, 0.03):
         s = paper_setup("glm-5.2", glm.device.replace(eff_irregular=eff))
         for L in (65536, 131072):
             t = {st: min(run(s, st, [L], c).row.total for c in sizes.chunks) for st in ("cpp", "dcpp", "vpp-async")}
+            whatif.append({"eff_topk": eff, "length": L, "vs_cpp": (t["cpp"] - t["vpp-async"]) / t["cpp"],
+                           "vs_dcpp": (t["dcpp"] - t["vpp-async"]) / t["dcpp"]})
             what.append(["as memory (baseline)" if eff is None else f"{eff} of bandwidth", kib(L), t["cpp"],
                          f"{100 * (t['cpp'] - t['vpp-async']) / t['cpp']:+.1f}%",
                          f"{100 * (t['dcpp'] - t['vpp-async']) / t['dcpp']:+.1f}%"])
@@ -196,13 +205,15 @@ def section_dsa(setups, out_dir=None, sizes=FULL):
         ax.legend(fontsize=7)
         save(fig, out_dir, "dsa_tau_k.png")
         lines += ["Figure: dsa_tau_k.png", ""]
-    return "\n".join(lines), {"rows": rows}
+    return "\n".join(lines), {"rows": rows, "tau": fits, "breakdown": shares, "remedies": remedies, "whatif": whatif}
 
 
 def section_memory(setups):
     lines = ["## 3. Memory per rank (GB; the larger of the two ranks)", "",
-             "Weights as held by one TP rank (W8A8 for DeepSeek/GLM, BF16 for Qwen), BF16 KV cache of the "
-             "whole prompt, peak activations from the simulated timeline (budget 24K).", ""]
+             "Weights as held by one TP rank (W8A8 for DeepSeek/GLM, BF16 for Qwen), the KV cache of the whole "
+             "prompt in the format the model is run with (" + ", ".join(
+                 f"{m}: {'BF16' if KV_BYTES.get(m, 2) == 2 else f'{8 * KV_BYTES[m]}-bit'}" for m in MODELS) +
+             "; `vpp.bench.sweep.KV_BYTES`), peak activations from the simulated timeline (budget 24K).", ""]
     body = []
     for model in MODELS:
         for L in (131072, 524288):
@@ -213,19 +224,20 @@ def section_memory(setups):
                 body.append([model, kib(L), name, mem.weights / 1e9, mem.kv_cache / 1e9, mem.activations / 1e9,
                              mem.total / 1e9, "yes" if mem.total <= 64e9 else "NO"])
     lines += [md_table(["model", "length", "schedule", "weights", "KV cache", "activations", "total", "fits 64 GB"], body), ""]
-    fit_rows = []
+    fit_rows, longest = [], []
     for model in MODELS:
         s = setups[model]
         r = run(s, "vpp-async", [131072], 24576)
         mem = max(rank_memory(r.plan, r.trace, r.cost), key=lambda m: m.total)
         layers = max(sum(len(s.layout("v").layers_of(st)) for st in s.layout("v").stages_of(rk)) for rk in range(2))
-        per_tok = kv_bytes_per_token_layer(s.arch, s.par) * layers
+        per_value = kv_bytes_per_token_layer(s.arch, s.par) / s.par.kv_bytes * layers  # cached values per token
         free = 64e9 - mem.weights - mem.activations
-        fit_rows.append([model, f"{per_tok / 1024:.0f} KiB", kib(int(free / per_tok) // 1024 * 1024),
-                         kib(int(2 * free / per_tok) // 1024 * 1024)])
+        bf16, int8 = int(free / (2 * per_value)) // 1024 * 1024, int(free / per_value) // 1024 * 1024
+        longest.append({"model": model, "bf16": bf16, "int8": int8})
+        fit_rows.append([model, f"{2 * per_value / 1024:.0f} KiB", kib(bf16), kib(int8)])
     lines += ["Longest prompt whose KV cache fits next to the weights and VPP-Async's activations in 64 GB:", "",
-              md_table(["model", "KV per token per rank", "BF16 KV", "8-bit KV"], fit_rows), ""]
-    return "\n".join(lines), {"rows": body}
+              md_table(["model", "BF16 KV per token per rank", "BF16 KV", "8-bit KV"], fit_rows), ""]
+    return "\n".join(lines), {"rows": body, "longest": longest}
 
 
 def section_tune(setups, sizes=FULL):
@@ -233,7 +245,7 @@ def section_tune(setups, sizes=FULL):
              "`vpp tune` searches loop/V/interleaved x folds 1-3 x even/balanced partition x budgets x "
              "blocking/async (and DCPP on the loop), then tapers the best few. Extended budgets add 12K, 20K, "
              "40K and 48K to the paper's four.", ""]
-    body = []
+    body, found = [], []
     ext = (8192, 12288, 16384, 20480, 24576, 32768, 40960, 49152)
     searches = (("paper budgets", sizes.chunks), ("extended", ext))[:2 if sizes.extended else 1]
     for model in sizes.tune_models:
@@ -245,12 +257,17 @@ def section_tune(setups, sizes=FULL):
                     best = tune(s, L, chunks=chunks, max_folds=3, cp=False)[0]   # CP: cp_compare.py
                 except NothingFits as e:  # the paper's best may not fit either: say so, with the figures
                     body.append([model, pp, kib(L), label, f"{base.ttft:.2f}", "-", "-", f"nothing fits: {e}"])
+                    found.append({"model": model, "pp": pp, "length": L, "search": label, "paper": base.ttft})
                     continue
+                c = best.candidate
+                found.append({"model": model, "pp": pp, "length": L, "search": label, "paper": base.ttft,
+                              "tuned": best.ttft, "gain": (base.ttft - best.ttft) / base.ttft, "folds": c.folds,
+                              "kind": c.kind, "taper": c.chunking != "fixed", "chunk": c.chunk})
                 body.append([model, pp, kib(L), label, f"{base.ttft:.2f}", f"{best.ttft:.2f}",
                              f"{100 * (base.ttft - best.ttft) / base.ttft:+.1f}%", best.candidate.describe()])
     lines += [md_table(["model", "PP", "length", "search", "paper best (s)", "tuned (s)", "gain", "tuned configuration"],
                        body), ""]
-    return "\n".join(lines), {"rows": body}
+    return "\n".join(lines), {"rows": body, "found": found}
 
 
 def section_devices(setups, sizes=FULL):
@@ -300,9 +317,8 @@ def main(argv=None) -> int:
     if "devices" in todo:
         text, blob["devices"] = section_devices(setups, sizes)
         parts.append(text)
-    notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "beyond_paper_notes.md")
-    if os.path.exists(notes):
-        parts.append(open(notes).read())
+    gpu = paper_setup("deepseek-v3.1", H100)
+    parts.append(findings(blob, KV_BYTES, handover_s=gpu.cost(gpu.layout("v")).transfer(24576)))
     parts.append(f"_Generated in {time.time() - t0:.0f} s._")
     md = "\n".join(parts)
     with open(os.path.join(args.out, "beyond_paper.md"), "w") as f:
