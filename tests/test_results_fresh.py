@@ -25,6 +25,7 @@ FRESH = {  # script -> (its arguments writing into DIR, the markdown it writes t
     "cp_compare": (["--out", "{dir}"], "cp_compare.md"),
     "tail_merge": (["--out", "{dir}"], "tail_merge.md"),
     "stream_sim": (["--out", "{dir}/stream_sim.md"], "stream_sim.md"),
+    "device_emulation": (["--json", "--out", "{dir}"], "device_emulation.md"),   # virtual time: exact
 }
 
 
