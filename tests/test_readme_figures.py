@@ -43,3 +43,14 @@ def test_the_results_readme_quotes_partition_balance_s_medians():
         return f"{statistics.median(r):.3f} [{min(r):.3f}-{max(r):.3f}]"
     assert f"{fmt(_ratios('rank'))} of CPP's TTFT with the drain-aware partition" in text
     assert f"against {fmt(_ratios('even'))} with the even one" in text
+
+
+def test_the_results_readme_names_every_results_file_and_each_names_its_command():
+    """soak.md and cpu_regression.md were once in results/ without a line in its README."""
+    results = ROOT / "benchmarks" / "results"
+    index = (results / "README.md").read_text()
+    files = sorted(p.name for p in results.glob("*.md") if p.name != "README.md")
+    assert [f for f in files if f"`{f}`" not in index] == []
+    no_command = [f for f in files if not re.search(r"`(PYTHONPATH=\. )?python (-m )?(benchmarks|vpp)",
+                                                     "\n".join((results / f).read_text().splitlines()[:3]))]
+    assert no_command == ["cpu_regression.md"]      # one command per run, in each run's section
