@@ -95,6 +95,19 @@ def section_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def notes_text(template: str, rows, points, fit) -> str:
+    """The notes with their figures filled in from this run (a literal number in them would go stale)."""
+    def short(names):
+        errs = sorted(-100 * p["error"] for p in points if p["name"] in names)
+        return f"{errs[0]:.0f}%" if f"{errs[0]:.0f}" == f"{errs[-1]:.0f}" else f"{errs[0]:.0f}-{errs[-1]:.0f}%"
+    ones = [p["name"] for p in points if p["name"].startswith("1M")]
+    return template.format(
+        eff_link=100 * fit.eff_link, nic=H100.pp_link_bw / 1e9, tol=100 * ANCHOR_TOL, m1_short=short(ones),
+        m1_within="within" if all(p["within"] for p in points if p["name"] in ones) else "not all within",
+        k128_short=short([p["name"] for p in points if p["name"].startswith("128K")]),
+        eff_model=100 * rows[0]["efficiency"], eff_paper=100 * rows[0]["paper_efficiency"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -118,7 +131,7 @@ def main(argv=None) -> int:
                      "Command: `python -m benchmarks.cp_compare`. Model: vpp/perf/cp.py (ring attention, pass-KV / "
                      "pass-Q, load-balanced sharding, experts over the whole CP x TP group).", "",
                      section_anchor(rows, points), section_table(results)]
-                    + ([open(notes).read()] if os.path.exists(notes) else [])
+                    + ([notes_text(open(notes).read(), rows, points, fit)] if os.path.exists(notes) else [])
                     + [f"_Generated in {time.time() - t0:.0f} s._"])
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "cp_compare.md"), "w") as f:
