@@ -272,7 +272,7 @@ def section_tune(setups, sizes=FULL):
 
 def section_devices(setups, sizes=FULL):
     lines = ["## 5. The same deployment on GPUs", "",
-             "16 devices, TP8 x PP2; GPUs with FP8 weights for DeepSeek/GLM (their W8A8 analogue), BF16 for Qwen; "
+             "16 devices, TP8 x PP2, DeepSeek and Qwen; GPUs with FP8 weights for DeepSeek (its W8A8 analogue), BF16 for Qwen; "
              "GPU efficiencies are the presets' assumptions (not fitted), the 910C row is the fitted one. "
              "TTFT (s) at each strategy's best budget.", ""]
     body = []

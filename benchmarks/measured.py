@@ -67,7 +67,7 @@ def main() -> int:
     if os.path.exists(json_path) and not args.quick:
         with open(json_path) as f:
             record = json.load(f)
-    for job in args.jobs.split(","):
+    for job in filter(None, args.jobs.split(",")):   # --jobs "" rewrites measured.md from measured.json
         load_before, start = os.getloadavg()[0], time.time()
         command, table = run(job, args.quick)
         record[job] = {"command": command, "table": table, "seconds": time.time() - start,
@@ -80,8 +80,8 @@ def main() -> int:
     for job in JOBS:
         if job in record:
             r = record[job]
-            parts += [f"## {job}", "", f"`{r['command']}` ({r['seconds']:.0f} s, {r.get('when', '?')}, load "
-                      f"{r.get('load_before', float('nan')):.2f} -> {r.get('load_after', float('nan')):.2f})", "",
+            load = " -> ".join("not recorded" if r.get(k) is None else f"{r[k]:.2f}" for k in ("load_before", "load_after"))
+            parts += [f"## {job}", "", f"`{r['command']}` ({r['seconds']:.0f} s, {r.get('when', '?')}, load {load})", "",
                       r["table"].strip(), ""]
     with open(os.path.join(out_dir, "measured.md"), "w") as f:
         f.write("\n".join(parts) + "\n")
