@@ -49,8 +49,13 @@ def generate_disaggregated(pipe: Pipeline, link: Disaggregation, prompts: Any, m
             generated = {q: [int(t)] for q, t in zip(ids, tokens)}
             payload = dict(ids=ids, generated=generated, ttft_s=time.perf_counter() - start,
                            generator=sampler.generator.get_state())
-    report = hand_over(pipe, link, payload["ids"] if payload else None, payload=payload, reserve=max_new_tokens - 1,
-                       problem=problem)
+    try:
+        report = hand_over(pipe, link, payload["ids"] if payload else None, payload=payload,
+                           reserve=max_new_tokens - 1, problem=problem)
+    except BaseException:
+        for q in (payload["ids"] if payload else ()):  # a refused hand-over leaves no caches on the prefill ranks
+            pipe.release(q)
+        raise
     payload = report.payload
     generated = {q: list(t) for q, t in payload["generated"].items()}
     if link.is_prefill:
@@ -58,10 +63,12 @@ def generate_disaggregated(pipe: Pipeline, link: Disaggregation, prompts: Any, m
     sampler.generator.set_state(payload["generator"])
     if on_tokens is not None:
         on_tokens(generated)
-    steps, decode_s = pipe.continue_generation(generated, max_new_tokens, sampler, eos_token_id=eos_token_id,
-                                               on_tokens=on_tokens)
-    for q in generated:
-        pipe.release(q)
+    try:  # released also when decoding or ``on_tokens`` raises, as Pipeline.generate does
+        steps, decode_s = pipe.continue_generation(generated, max_new_tokens, sampler, eos_token_id=eos_token_id,
+                                                   on_tokens=on_tokens)
+    finally:
+        for q in generated:
+            pipe.release(q)
     return Generation(generated, payload["ttft_s"], decode_s, steps, report.seconds)
 
 
