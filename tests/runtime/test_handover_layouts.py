@@ -13,7 +13,8 @@ MLA's latent of another width, bfloat16 instead of float32), a request handed ov
 never prefilled are each the same one-line ValueError on every rank, before any byte moves (before:
 the fewer-layer model decoded garbage, the others raised a bare RuntimeError on the decode rank alone
 after the prefill ranks had freed the caches, or refused on the decode rank alone); no caches stay
-behind on either instance, and the next hand-over decodes as transformers does.
+behind on either instance, and the next hand-over decodes as transformers does. A prefill that fails
+(NaN weights) raises its NonFiniteError on the prefill ranks and reaches the decode rank as one line.
 """
 
 from __future__ import annotations
@@ -129,6 +130,16 @@ def _world(rank, world, paths, prompts):
     pipe.release(5)
     gen = generate_disaggregated(pipe, link, prompts if first else None, NEW, 8, schedule="vpp-async")
     out[("after the faults", rank)] = ([gen.tokens[0], gen.tokens[1]], link.role, _left(pipe))
+    if link.is_prefill:  # NaN weights in layer 3 (stage 2, rank 1): the prefill fails on the prefill ranks
+        for st in pipe.stages:
+            for name, p in st.named_parameters():
+                if name.startswith("model.layers.3.self_attn.o_proj"):
+                    p.data.fill_(float("nan"))
+    try:
+        generate_disaggregated(pipe, link, prompts[0] if first else None, NEW, 8, schedule="vpp-async")
+        out[("nan", rank)] = ("no error", "", _left(pipe))
+    except Exception as exc:
+        out[("nan", rank)] = (type(exc).__name__, str(exc), _left(pipe))
     return out
 
 
@@ -182,3 +193,17 @@ def test_a_request_handed_over_twice_or_never_prefilled_is_refused_everywhere(re
     assert results[("twice", 2)][1] == [[5]]  # the decode rank keeps what the first hand-over installed
     got, _, _ = results[("after the faults", 2)]
     assert got == [tokens[("qwen3_moe", 0)], tokens[("qwen3_moe", 1)]]
+
+
+def test_a_failed_prefill_reaches_the_decode_instance(results):
+    """Before: the prefill ranks raised NonFiniteError and never came to the hand-over; the decode ranks
+    waited for it until their timeout (or a closed connection) and could not say why."""
+    what = (r"non-finite values \(NaN or Inf\) in the prefill: the output of layer 3 in stage 2 \(layers \[3, 5\)\) "
+            r"on pipeline rank 1 stopped being finite for request 0")
+    for rank in range(3):
+        kind, message, left = results[("nan", rank)]
+        assert left == [[]] * len(left), (rank, left)
+        if rank < 2:
+            assert kind == "NonFiniteError" and re.match(what, message), (rank, kind, message)
+        else:
+            assert kind == "ValueError" and re.match("the prefill failed: NonFiniteError: " + what, message), message
