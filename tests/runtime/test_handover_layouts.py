@@ -207,3 +207,42 @@ def test_a_failed_prefill_reaches_the_decode_instance(results):
             assert kind == "NonFiniteError" and re.match(what, message), (rank, kind, message)
         else:
             assert kind == "ValueError" and re.match("the prefill failed: NonFiniteError: " + what, message), message
+
+
+def _dying(rank, world, path, prompt, out_dir):
+    """Prefill rank 1 dies as it starts sending its caches; the others write what they saw."""
+    import os
+
+    import vpp.runtime.handover as handover
+    from vpp.parallel.instances import initialize_disaggregated
+
+    link = initialize_disaggregated(1, 2, 1, 1)
+    kind, partition = ("v", [1, 2, 2, 1]) if link.is_prefill else ("loop", None)
+    pipe = _pipe(path, link, kind, partition)
+    pipe.timeout_s = 20.0
+    if link.is_prefill:
+        pipe.prefill(prompt if link.groups.pp.rank == 0 else None, 8, schedule="vpp-async", request_ids=[5])
+    if rank == 1:
+        handover._send = lambda *a, **kw: os._exit(3)
+    try:
+        handover.hand_over(pipe, link, [5] if link.is_prefill else None)
+        message = "finished"
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc}"
+    with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
+        f.write(message)
+
+
+def test_a_rank_dying_in_the_hand_over_is_named(references, tmp_path):
+    """The decode rank stops with one line naming the rank that died, in global ranks (before: "pipeline
+    rank 2 ... pipeline rank 1", numbers that are global ranks of two instances)."""
+    from vpp.parallel import run_distributed
+    from vpp.parallel.spawn import RankFailure
+
+    paths, prompts, _ = references
+    with pytest.raises(RankFailure, match=r"rank 1 .*exited with code 3"):
+        run_distributed(_dying, 3, paths["qwen3_moe"], prompts[0], str(tmp_path), timeout=300)
+    message = (tmp_path / "rank2").read_text()
+    assert "\n" not in message
+    assert re.match(r"ExecutionError: global rank 2 gave up at receiving model.layers.\d.self_attn.[kv] of request 5 "
+                    r"from global rank 1: global rank 1 stopped responding \(", message), message

@@ -180,7 +180,8 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
     destinations = [Holding(r, by_rank[r].pieces) for r in link.decode_ranks]
     plan = plan_transfers(sources, destinations)
     watchdog = Watchdog(f"{by_rank[link.prefill_ranks[0]].run_key}/handover", me, timeout_s=timeout_s,
-                        pollable=link.groups.accelerator.backend != "gloo", global_ranks=tuple(range(len(world))))
+                        pollable=link.groups.accelerator.backend != "gloo", global_ranks=tuple(range(len(world))),
+                        label="global rank")
     sent = received = held = 0
     tokens = {}
     moving = time.perf_counter()
