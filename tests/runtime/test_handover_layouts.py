@@ -10,7 +10,8 @@ Hugging Face checkpoints of 6 layers; GLM where its shared-indexer layers allow 
 
 Faults, on the V -> one rank split: a decode instance running another model (4 layers instead of 6,
 MLA's latent of another width, bfloat16 instead of float32), a request handed over twice and one
-never prefilled are each the same one-line ValueError on every rank, before any byte moves (before:
+never prefilled, prefill ranks naming different requests (to hand over, or to save) are each the
+same one-line ValueError on every rank, before any byte moves or is written (before:
 the fewer-layer model decoded garbage, the others raised a bare RuntimeError on the decode rank alone
 after the prefill ranks had freed the caches, or refused on the decode rank alone); no caches stay
 behind on either instance, and the next hand-over decodes as transformers does. A prefill that fails
@@ -90,10 +91,11 @@ def _left(pipe):
     return [st.requests() for st in pipe.stages]
 
 
-def _world(rank, world, paths, prompts):
+def _world(rank, world, paths, prompts, kv_dir):
     from vpp.parallel.instances import initialize_disaggregated
     from vpp.runtime.disaggregated import generate_disaggregated
     from vpp.runtime.handover import hand_over
+    from vpp.runtime.kv_files import save_cache
 
     out = {}
     for split, (sizes, prefill_layout, decode_layout, models) in SPLITS.items():
@@ -127,6 +129,18 @@ def _world(rank, world, paths, prompts):
             out[(fault, rank)] = ("no error", _left(pipe))
         except ValueError as exc:
             out[(fault, rank)] = (str(exc), _left(pipe))
+    if link.is_prefill:  # the two prefill ranks name different requests
+        pipe.prefill(prompts[1] if first else None, 8, schedule="vpp-async", request_ids=[6])
+    for what, call in (("disagree", lambda: hand_over(pipe, link, [[5], [6]][rank] if link.is_prefill else None)),
+                       ("save disagree", lambda: save_cache(pipe, [5, 6][rank], kv_dir))):
+        if what == "save disagree" and not link.is_prefill:
+            continue
+        try:
+            call()
+            out[(what, rank)] = "no error"
+        except ValueError as exc:
+            out[(what, rank)] = str(exc)
+    pipe.release(6)
     pipe.release(5)
     gen = generate_disaggregated(pipe, link, prompts if first else None, NEW, 8, schedule="vpp-async")
     out[("after the faults", rank)] = ([gen.tokens[0], gen.tokens[1]], link.role, _left(pipe))
@@ -144,12 +158,17 @@ def _world(rank, world, paths, prompts):
 
 
 @pytest.fixture(scope="module")
-def results(references):
+def kv_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("kv") / "mixed"
+
+
+@pytest.fixture(scope="module")
+def results(references, kv_dir):
     from vpp.parallel import run_distributed
 
     paths, prompts, _ = references
     merged = {}
-    for r in run_distributed(_world, 3, paths, prompts, timeout=900):
+    for r in run_distributed(_world, 3, paths, prompts, str(kv_dir), timeout=900):
         merged.update(r)
     return merged
 
@@ -193,6 +212,18 @@ def test_a_request_handed_over_twice_or_never_prefilled_is_refused_everywhere(re
     assert results[("twice", 2)][1] == [[5]]  # the decode rank keeps what the first hand-over installed
     got, _, _ = results[("after the faults", 2)]
     assert got == [tokens[("qwen3_moe", 0)], tokens[("qwen3_moe", 1)]]
+
+
+def test_prefill_ranks_naming_different_requests_are_refused_everywhere(results, kv_dir):
+    """Before: the hand-over raised a bare KeyError; save_cache wrote request 5's layers from rank 0 and
+    request 6's from rank 1 under one manifest, without a word."""
+    handover = {results[("disagree", rank)] for rank in range(3)}
+    assert handover == {"the prefill ranks disagree on the requests to hand over (request -> cached tokens): global "
+                        "rank 0 gives {5: 37}, global rank 1 {6: 29}"}
+    saved = {results[("save disagree", rank)] for rank in range(2)}
+    assert saved == {"the ranks disagree on the request to save (request, cached tokens): global rank 0 gives "
+                     "(5, 37), global rank 1 (6, 29)"}
+    assert not (kv_dir / "manifest.json").exists()
 
 
 def test_a_failed_prefill_reaches_the_decode_instance(results):

@@ -98,6 +98,10 @@ def compatibility_problem(prefill_ranks: Sequence[int], decode_ranks: Sequence[i
     decode ranks alone after the prefill ranks freed the caches; a request the decode instance already
     holds (handed over twice) could not be installed."""
     first, decode = by_rank[prefill_ranks[0]], by_rank[decode_ranks[0]]
+    for r in prefill_ranks:
+        if by_rank[r].tokens != first.tokens:
+            return (f"the prefill ranks disagree on the requests to hand over (request -> cached tokens): global rank "
+                    f"{prefill_ranks[0]} gives {first.tokens}, global rank {r} {by_rank[r].tokens}")
     if first.num_layers != decode.num_layers:
         return (f"the decode instance's model has {decode.num_layers} layers, the prefill instance's "
                 f"{first.num_layers}: a KV hand-over needs the same model on both")

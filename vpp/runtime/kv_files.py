@@ -69,13 +69,17 @@ def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = 
     problem = None if local else f"global rank {me}: request {request!r} has no caches here to save"
     mine = (me, pieces_of(pipe.stages), {n: (list(t.shape), str(t.dtype).replace("torch.", "")) for n, t in local.items()},
             [list(st.layer_range) for st in pipe.stages], groups.pp.rank, problem or directory_problem(directory),
-            os.urandom(8).hex())
+            os.urandom(8).hex(), (request, pipe.stages[0].cache_length(request)))
     infos: list[Any] = [mine]
     if dist.is_initialized() and len(members) > 1:
         rendezvous("saving the KV caches", me, members, timeout_s=pipe.timeout_s)
         infos = [None] * len(members)
         dist.all_gather_object(infos, mine, group=groups.instance_pg)
     problem = next((info[5] for info in infos if info[5]), None)
+    theirs = next((info for info in infos if info[7] != infos[0][7]), None)
+    if problem is None and theirs is not None:  # each rank would write another request's caches
+        problem = (f"the ranks disagree on the request to save (request, cached tokens): global rank {infos[0][0]} gives "
+                   f"{infos[0][7]}, global rank {theirs[0]} {theirs[7]}")
     if problem:  # the same on every rank, before anything is written
         raise ValueError(problem)
     everything = {p.name: _full(p) for _, pieces, *_ in infos for p in pieces}
