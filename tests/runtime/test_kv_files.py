@@ -91,12 +91,22 @@ def _escape(copy):
     (copy / "manifest.json").write_text(json.dumps(m))
 
 
+def _edit(copy, **fields):
+    m = json.loads((copy / "manifest.json").read_text())
+    m["tensors"][0].update(fields)
+    (copy / "manifest.json").write_text(json.dumps(m))
+
+
 @pytest.mark.parametrize("damage, message", [
     (_cut, r"copy/rank-00000.safetensors: cannot read 'model.layers.0.self_attn.k.*' of the saved caches "
            r"\(SafetensorError: "),                           # was a bare SafetensorError naming no file
     (lambda c: (c / "rank-00000.safetensors").unlink(), r"rank-00000.safetensors: cannot read .*FileNotFoundError"),
     (_drop_tensors, r"manifest.json: 'tensors' must be a non-empty list of stored slices, got None"),  # KeyError
     (_escape, r"manifest.json: tensors\[0\] names file '../elsewhere.safetensors' outside the directory"),
+    (lambda c: _edit(c, start="0"), r"manifest.json: tensors\[0\] holds a malformed field: dim=0, start='0', end=2, "
+                                    r"full=2"),  # was a bare TypeError from the plan
+    (lambda c: _edit(c, end=3), r"manifest.json: tensors\[0\] \(model.layers.0.self_attn.k\) holds slice \[0, 3\) of 2 "
+                                r"along dim 0: empty or out of range"),  # was a ValueError naming no file
 ])
 def test_a_damaged_directory_is_named_and_installs_nothing(saved, weights, tmp_path, damage, message):
     other = _pipe(weights)

@@ -162,6 +162,15 @@ def read_manifest(directory: str) -> dict:
             raise ValueError(f"{path}: tensors[{i}] lacks {missing}")
         if os.path.basename(str(e["file"])) != e["file"]:
             raise ValueError(f"{path}: tensors[{i}] names file {e['file']!r} outside the directory")
+        count = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0  # noqa: E731
+        if not (all(count(e[k]) for k in ("start", "end", "full")) and (e["dim"] is None or count(e["dim"]))
+                and isinstance(e["shape"], list) and all(count(n) for n in e["shape"])
+                and isinstance(e["dtype"], str) and count(e.get("crc32", 0))):
+            raise ValueError(f"{path}: tensors[{i}] holds a malformed field: " +
+                             ", ".join(f"{k}={e[k]!r:.40}" for k in ("dim", "start", "end", "full", "shape", "dtype")))
+        if not e["start"] < e["end"] <= e["full"] or (e["dim"] is None and (e["start"], e["end"], e["full"]) != (0, 1, 1)):
+            raise ValueError(f"{path}: tensors[{i}] ({e['name']}) holds slice [{e['start']}, {e['end']}) of {e['full']} "
+                             f"along dim {e['dim']}: empty or out of range")
     return manifest
 
 
