@@ -154,7 +154,26 @@ def _world(rank, world, paths, prompts, kv_dir):
         out[("nan", rank)] = ("no error", "", _left(pipe))
     except Exception as exc:
         out[("nan", rank)] = (type(exc).__name__, str(exc), _left(pipe))
+    if link.is_prefill:  # a decode step failing on rank 1 of the prefill instance's V
+        out.update(_stopped_decode(rank, _pipe(paths["qwen3_moe"], link, kind, partition), prompts[0]))
     return out
+
+
+def _stopped_decode(rank, pipe, prompt):
+    """A decode step whose stage on rank 1 raises, then another decode step and a prefill."""
+    out = pipe.prefill(prompt if rank == 0 else None, 8, schedule="vpp-async", request_ids=[8])
+    token = pipe.next_logits(out, [8]).argmax(-1)
+    if rank == 1:
+        pipe.stages[0].decode = lambda x, requests: (_ for _ in ()).throw(RuntimeError("planted"))
+    seen = {}
+    for what, call in (("failed step", lambda: pipe.decode(token, [8])), ("next step", lambda: pipe.decode(token, [8])),
+                       ("prefill", lambda: pipe.prefill(prompt if rank == 0 else None, 8, schedule="vpp-async"))):
+        try:
+            call()
+            seen[(what, rank)] = "no error"
+        except Exception as exc:
+            seen[(what, rank)] = f"{type(exc).__name__}: {exc}"
+    return seen
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +243,21 @@ def test_prefill_ranks_naming_different_requests_are_refused_everywhere(results,
     assert saved == {"the ranks disagree on the request to save (request, cached tokens): global rank 0 gives "
                      "(5, 37), global rank 1 (6, 29)"}
     assert not (kv_dir / "manifest.json").exists()
+
+
+def test_a_pipeline_stopped_in_a_decode_step_refuses_the_next_call(results):
+    """Before: rank 0 had abandoned the receive of stage 3's input and rank 0's stage 0 held one token
+    more than the others; the next decode step waited for a message the abandoned receive had taken
+    (it timed out, naming rank 1, which was fine), where more messages per step would have shifted them."""
+    assert results[("failed step", 1)] == "RuntimeError: planted"
+    assert re.match(r"ExecutionError: pipeline rank 0 stopped at decode input of stage 3 because pipeline rank 1 "
+                    r"\(global rank 1\) raised RuntimeError: planted", results[("failed step", 0)])
+    for rank in (0, 1):
+        for what in ("next step", "prefill"):
+            assert re.match(rf"RuntimeError: this pipeline cannot run again on global rank {rank}: a decode step stopped "
+                            r"in the middle of its transfers \(.*planted.*\); a transfer left behind would take the "
+                            r"next one's place: start the ranks \(and their process groups\) anew$",
+                            results[(what, rank)]), (what, rank, results[(what, rank)])
 
 
 def test_a_failed_prefill_reaches_the_decode_instance(results):

@@ -155,6 +155,8 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
     timeout_s = pipe.timeout_s if timeout_s is None else timeout_s
     start = time.perf_counter()
     me, sending = link.groups.global_rank, link.is_prefill
+    if problem is None and pipe.stopped is not None:  # told to every rank in the exchange
+        problem = f"global rank {me} cannot hand over: {pipe.stopped}; start the ranks anew"
     shapes, counts = {}, {}
     if sending and problem is None:
         if requests is None:
@@ -206,6 +208,7 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
                 install_caches(pipe, q, tensors, tokens[q] + reserve)
     except BaseException as exc:
         watchdog.notify_failure(f"global rank {me} ({link.role}) raised {type(exc).__name__}: {exc} in the KV hand-over")
+        pipe.stop(exc, "KV hand-over")
         raise
     finally:
         watchdog.close()
