@@ -175,7 +175,7 @@ class Pipeline:
             wall = time.perf_counter() - start
             self.check_finite(result.nonfinite, "prefill")
         except BaseException:
-            for q in ids:  # a failed prefill keeps no caches: the pipeline can take the next request
+            for q in ids:  # a failed prefill keeps no caches (one stopped mid-transfer: see stop)
                 self.release(q)
             raise
         trace = gather_trace(result, self.groups, plan, timeout_s=self.timeout_s) if return_trace else None
