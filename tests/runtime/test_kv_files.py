@@ -191,8 +191,8 @@ def test_a_corrupted_file_is_refused(saved, weights, tmp_path):
     """Before: flipped bytes inside a stored tensor loaded as caches and decoded garbage."""
     other = _pipe(weights, ((0, 2), (2, LAYERS)))
     with pytest.raises(ValueError, match=rf"copy/rank-00000.safetensors: cannot read 'model.layers.{LAYERS - 1}"
-                                         r"\.self_attn\.v\[0:2\]' of the saved caches \(ValueError: checksum 0x[0-9a-f]{8}, "
-                                         r"the manifest says 0x[0-9a-f]{8}: the file is corrupted\)"):
+                                         r"\.self_attn\.v\[0:2\]' of the saved caches \(ValueError: checksum "
+                                         r"0x[0-9a-f]{8}, the manifest says 0x[0-9a-f]{8}: the file is corrupted\)"):
         load_cache(other, 0, _damaged(saved, tmp_path, _flip))
     assert [st.cache_length(0) for st in other.stages] == [0, 0]
 

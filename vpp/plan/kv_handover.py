@@ -131,7 +131,8 @@ def shape_problem(name: str, shape: Sequence[int], dtype: str, expected: Sequenc
     if same and dtype == expected_dtype:
         return None
     want = ", ".join("tokens" if e is None else "any" if i == sliced_dim else str(e) for i, e in enumerate(expected))
-    return f"{name} is [{', '.join(str(int(n)) for n in shape)}] {dtype}, but its caches here are [{want}] {expected_dtype}"
+    got = ", ".join(str(int(n)) for n in shape)
+    return f"{name} is [{got}] {dtype}, but its caches here are [{want}] {expected_dtype}"
 
 
 def bytes_per_rank(transfers: Sequence[Transfer], row_bytes: dict[str, int]) -> dict[int, int]:

@@ -13,8 +13,8 @@ tokens generated so far, a sampler's state; JSON) and ``tensors``: one entry per
 ``model.layers.{i}.self_attn.{k|v|latent|index_k}``), ``dim``, ``start``, ``end``, ``full`` (the
 slice ``[start, end)`` of ``full`` entries of dim ``dim``; ``dim`` null: the whole tensor), ``shape``,
 ``dtype`` and ``crc32`` (of the slice's bytes); ``save_id`` (random) is also in every rank file's
-metadata (``vpp-kv-save``). Together the slices tile every full tensor once: a replicated tensor (MLA's latent,
-DSA's indexer keys, a GQA head that several TP ranks hold) is written by one rank only
+metadata (``vpp-kv-save``). Together the slices tile every full tensor once: a replicated tensor
+(MLA's latent, DSA's indexer keys, a GQA head that several TP ranks hold) is written by one rank only
 (:func:`vpp.plan.kv_handover.plan_transfers` to one destination that needs everything).
 
 A reader plans from the stored slices to the slices its own stages hold and reads only the stored
@@ -78,8 +78,8 @@ def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = 
     problem = next((info[5] for info in infos if info[5]), None)
     theirs = next((info for info in infos if info[7] != infos[0][7]), None)
     if problem is None and theirs is not None:  # each rank would write another request's caches
-        problem = (f"the ranks disagree on the request to save (request, cached tokens): global rank {infos[0][0]} gives "
-                   f"{infos[0][7]}, global rank {theirs[0]} {theirs[7]}")
+        problem = (f"the ranks disagree on the request to save (request, cached tokens): global rank {infos[0][0]} "
+                   f"gives {infos[0][7]}, global rank {theirs[0]} {theirs[7]}")
     if problem:  # the same on every rank, before anything is written
         raise ValueError(problem)
     everything = {p.name: _full(p) for _, pieces, *_ in infos for p in pieces}
@@ -141,6 +141,10 @@ def directory_problem(directory: str) -> str | None:
 ENTRY_KEYS = ("file", "key", "name", "dim", "start", "end", "full", "shape", "dtype")
 
 
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
 def read_manifest(directory: str) -> dict:
     path = os.path.join(directory, "manifest.json")
     try:
@@ -162,15 +166,15 @@ def read_manifest(directory: str) -> dict:
             raise ValueError(f"{path}: tensors[{i}] lacks {missing}")
         if os.path.basename(str(e["file"])) != e["file"]:
             raise ValueError(f"{path}: tensors[{i}] names file {e['file']!r} outside the directory")
-        count = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0  # noqa: E731
-        if not (all(count(e[k]) for k in ("start", "end", "full")) and (e["dim"] is None or count(e["dim"]))
-                and isinstance(e["shape"], list) and all(count(n) for n in e["shape"])
-                and isinstance(e["dtype"], str) and count(e.get("crc32", 0))):
+        if not (all(_count(e[k]) for k in ("start", "end", "full")) and (e["dim"] is None or _count(e["dim"]))
+                and isinstance(e["shape"], list) and all(_count(n) for n in e["shape"])
+                and isinstance(e["dtype"], str) and _count(e.get("crc32", 0))):
             raise ValueError(f"{path}: tensors[{i}] holds a malformed field: " +
                              ", ".join(f"{k}={e[k]!r:.40}" for k in ("dim", "start", "end", "full", "shape", "dtype")))
-        if not e["start"] < e["end"] <= e["full"] or (e["dim"] is None and (e["start"], e["end"], e["full"]) != (0, 1, 1)):
-            raise ValueError(f"{path}: tensors[{i}] ({e['name']}) holds slice [{e['start']}, {e['end']}) of {e['full']} "
-                             f"along dim {e['dim']}: empty or out of range")
+        whole = e["dim"] is None and (e["start"], e["end"], e["full"]) != (0, 1, 1)
+        if not e["start"] < e["end"] <= e["full"] or whole:
+            raise ValueError(f"{path}: tensors[{i}] ({e['name']}) holds slice [{e['start']}, {e['end']}) of "
+                             f"{e['full']} along dim {e['dim']}: empty or out of range")
     return manifest
 
 
@@ -217,7 +221,8 @@ def load_cache(pipe, request: Hashable, directory: str, *, reserve: int = 0) -> 
                     opened[e["file"]] = safe_open(path, framework="pt")
                     theirs = (opened[e["file"]].metadata() or {}).get(SAVE_ID_KEY)
                     if "save_id" in manifest and theirs != manifest["save_id"]:
-                        raise ValueError(f"the file belongs to save {theirs!r}, the manifest to {manifest['save_id']!r}")
+                        raise ValueError(f"the file belongs to save {theirs!r}, the manifest to "
+                                         f"{manifest['save_id']!r}")
                 part = opened[e["file"]].get_slice(e["key"])
                 if list(part.get_shape()) != list(e["shape"]):
                     raise ValueError(f"shape {list(part.get_shape())}, the manifest says {list(e['shape'])}")
