@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vpp.plan.kv_handover import Holding, Piece, Transfer, bytes_per_rank, plan_transfers
+from vpp.plan.kv_handover import Holding, Piece, Transfer, bytes_per_rank, plan_transfers, shape_problem
 
 
 def kv_heads(tp: int, rank: int, heads: int) -> tuple[int, int]:
@@ -134,3 +134,14 @@ def test_one_destination_needing_everything_is_a_writer_plan():
     check_exact(src, [full], plan)
     assert {t.src for t in plan} == {0, 2}
     assert len(plan) == 2 * 2 + 2  # 2 layers x (latent, index_k) + (k, v) of the GQA layer, one transfer each
+
+
+def test_shape_problem_compares_all_but_the_token_and_sliced_dims():
+    # GQA: [heads, tokens, head_dim], heads sliced: another head count or token count is no problem
+    assert shape_problem("k", (2, 37, 64), "float32", (1, None, 64), "float32", sliced_dim=0) is None
+    assert shape_problem("k", (2, 37, 64), "torch.float32", (2, None, 64), "float32") is None
+    assert shape_problem("k", (2, 37, 64), "float32", (1, None, 32), "float32", sliced_dim=0) == \
+        "k is [2, 37, 64] float32, but its caches here are [any, tokens, 32] float32"
+    assert shape_problem("latent", (37, 24), "float32", (None, 24), "bfloat16") == \
+        "latent is [37, 24] float32, but its caches here are [tokens, 24] bfloat16"
+    assert shape_problem("latent", (37, 24, 1), "float32", (None, 24), "float32") is not None  # another rank

@@ -33,6 +33,7 @@ from vpp.transformer.attention import Batch, Chunk, RotaryEmbedding
 from vpp.transformer.basic import RMSNorm
 from vpp.parallel.groups import ParallelGroups
 from vpp.parallel.layers import ParallelLMHead, VocabParallelEmbedding
+from vpp.plan.kv_handover import shape_problem
 
 
 class Stage(nn.Module):
@@ -184,6 +185,18 @@ class Stage(nn.Module):
                 out[f"model.layers.{i}.self_attn.{part}"] = cache.slices.get(part)
         return out
 
+    def cache_shapes(self) -> dict[str, tuple[tuple[int | None, ...], str]]:
+        """Every cache tensor this stage holds per request, named as :meth:`export_cache` names them:
+        its shape on this rank with None at the token dim, and its dtype's name (``"bfloat16"``). What a
+        hand-over or a load checks the tensors it installs against (another model's are refused)."""
+        out = {}
+        dtype = str(self.dtype).removeprefix("torch.")
+        for i, layer in zip(range(*self.layer_range), self.model.layers.values()):
+            cache = layer.self_attn.cache
+            for part in cache.layouts:
+                out[f"model.layers.{i}.self_attn.{part}"] = (tuple(cache.shapes[part]), dtype)
+        return out
+
     def import_cache(self, request: Hashable, tensors: dict[str, torch.Tensor]) -> None:
         """Install ``tensors`` (as :meth:`export_cache` names them) as the caches of ``request``,
         which must hold none yet on this stage; decoding then continues as on the exporting stage."""
@@ -195,6 +208,11 @@ class Stage(nn.Module):
             missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
             raise ValueError(f"stage {self.layer_range}: KV hand-over for request {request!r} is missing "
                              f"{missing[:4]} and has unexpected {extra[:4]}")
+        shapes = self.cache_shapes()
+        for name, t in tensors.items():  # another model's caches would decode garbage, or fail later
+            problem = shape_problem(name, t.shape, str(t.dtype), *shapes[name])
+            if problem:
+                raise ValueError(f"stage {self.layer_range}: KV hand-over for request {request!r}: {problem}")
         for i, layer in zip(range(*self.layer_range), self.model.layers.values()):
             cache = layer.self_attn.cache
             parts = {part: tensors[f"model.layers.{i}.self_attn.{part}"] for part in cache.layouts}

@@ -119,6 +119,22 @@ def _cover(dst: int, k: int, need: Piece, held: list[tuple[int, Piece]]) -> list
             for rank, p, lo, hi in picked]
 
 
+def shape_problem(name: str, shape: Sequence[int], dtype: str, expected: Sequence[int | None], expected_dtype: str,
+                  *, sliced_dim: int | None = None) -> str | None:
+    """Why the cache tensor ``name`` of ``shape`` and ``dtype`` (a name: ``"float32"``) cannot become caches
+    whose shape is ``expected`` (None at the token dim) and dtype ``expected_dtype``, or None: another
+    model's (other widths, heads, dtype). ``sliced_dim``: a dim along which the two hold different
+    slices of the full tensor (not compared here: :func:`plan_transfers` checks the slicing)."""
+    dtype, expected_dtype = str(dtype).removeprefix("torch."), str(expected_dtype).removeprefix("torch.")
+    same = len(shape) == len(expected) and all(e is None or i == sliced_dim or int(n) == e
+                                               for i, (n, e) in enumerate(zip(shape, expected)))
+    if same and dtype == expected_dtype:
+        return None
+    want = ", ".join("tokens" if e is None else "any" if i == sliced_dim else str(e) for i, e in enumerate(expected))
+    got = ", ".join(str(int(n)) for n in shape)
+    return f"{name} is [{got}] {dtype}, but its caches here are [{want}] {expected_dtype}"
+
+
 def bytes_per_rank(transfers: Sequence[Transfer], row_bytes: dict[str, int]) -> dict[int, int]:
     """Bytes each destination receives, given the bytes of one unit of each tensor's sliced dim (the
     whole tensor's bytes when unsliced)."""
@@ -128,4 +144,4 @@ def bytes_per_rank(transfers: Sequence[Transfer], row_bytes: dict[str, int]) -> 
     return out
 
 
-__all__ = ["Holding", "Piece", "Transfer", "bytes_per_rank", "plan_transfers"]
+__all__ = ["Holding", "Piece", "Transfer", "bytes_per_rank", "plan_transfers", "shape_problem"]

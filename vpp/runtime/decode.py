@@ -53,8 +53,10 @@ def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[Hashable]
     hidden, dtype = pipe.first.hidden_size, getattr(torch, pipe.first.dtype.replace("torch.", ""))
     logits, h = None, None
     watch = FiniteWatch()
+    checked = False
     try:
         check_caches(pipe, requests)  # inside: a rank whose caches differ tells the others at once
+        checked = True  # from here a failure may leave a transfer behind (a request unknown everywhere does not)
         for s in range(layout.num_stages):
             if layout.rank_of(s) != me:
                 continue
@@ -79,6 +81,8 @@ def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[Hashable]
     except BaseException as exc:
         watchdog.notify_failure(f"pipeline rank {me} (global rank {groups.global_rank}) raised "
                                 f"{type(exc).__name__}: {exc} while decoding")
+        if checked:
+            pipe.stop(exc, "decode step")
         raise
     finally:
         watchdog.close()
@@ -126,6 +130,9 @@ def broadcast_logits(pipe: "Pipeline", local: torch.Tensor | None, batch: int) -
     watchdog = _watchdog(pipe, "logits")
     try:
         return _broadcast(pipe, local, batch, watchdog)
+    except BaseException as exc:
+        pipe.stop(exc, "broadcast of the next-token logits")
+        raise
     finally:
         watchdog.close()
 

@@ -34,7 +34,7 @@ def generate_disaggregated(pipe: Pipeline, link: Disaggregation, prompts: Any, m
     if not inputs.is_count(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
     sampler = sampler or Sampler()
-    payload, problem = None, None
+    payload, problem, failure = None, None, None
     if link.is_prefill:
         start = time.perf_counter()
         try:
@@ -42,15 +42,23 @@ def generate_disaggregated(pipe: Pipeline, link: Disaggregation, prompts: Any, m
             out = pipe.prefill(prompts, chunk_size, schedule=schedule, request_ids=request_ids,
                                decode_room=max_new_tokens - 1)
             ids = [q.id for q in out.plan.requests]
-        except ValueError as exc:  # the same on every prefill rank: tell the decode ranks too
-            problem = str(exc)
+        except Exception as exc:  # tell the decode ranks, which would otherwise wait for the hand-over in vain
+            failure = exc  # a ValueError or a NonFiniteError is the same on every prefill rank
+            problem = str(exc) if isinstance(exc, ValueError) else f"the prefill failed: {type(exc).__name__}: {exc}"
         else:
             tokens = sampler.sample(pipe.next_logits(out, ids))
             generated = {q: [int(t)] for q, t in zip(ids, tokens)}
             payload = dict(ids=ids, generated=generated, ttft_s=time.perf_counter() - start,
                            generator=sampler.generator.get_state())
-    report = hand_over(pipe, link, payload["ids"] if payload else None, payload=payload, reserve=max_new_tokens - 1,
-                       problem=problem)
+    try:
+        report = hand_over(pipe, link, payload["ids"] if payload else None, payload=payload,
+                           reserve=max_new_tokens - 1, problem=problem)
+    except BaseException:
+        for q in (payload["ids"] if payload else ()):  # a refused hand-over leaves no caches on the prefill ranks
+            pipe.release(q)
+        if failure is not None and not isinstance(failure, ValueError):
+            raise failure from None  # its own type on the prefill ranks (a NonFiniteError names the stage and layer)
+        raise
     payload = report.payload
     generated = {q: list(t) for q, t in payload["generated"].items()}
     if link.is_prefill:
@@ -58,10 +66,12 @@ def generate_disaggregated(pipe: Pipeline, link: Disaggregation, prompts: Any, m
     sampler.generator.set_state(payload["generator"])
     if on_tokens is not None:
         on_tokens(generated)
-    steps, decode_s = pipe.continue_generation(generated, max_new_tokens, sampler, eos_token_id=eos_token_id,
-                                               on_tokens=on_tokens)
-    for q in generated:
-        pipe.release(q)
+    try:  # released also when decoding or ``on_tokens`` raises, as Pipeline.generate does
+        steps, decode_s = pipe.continue_generation(generated, max_new_tokens, sampler, eos_token_id=eos_token_id,
+                                                   on_tokens=on_tokens)
+    finally:
+        for q in generated:
+            pipe.release(q)
     return Generation(generated, payload["ttft_s"], decode_s, steps, report.seconds)
 
 

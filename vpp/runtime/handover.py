@@ -7,8 +7,11 @@ decode instance (PP_d x TP_d; any layer split, any TP size that divides the head
 
 1. one exchange over the world: each rank says which cache tensors it holds (prefill: every tensor
    of its stages' layers, with shapes and dtype per request) or needs (decode: its layers, its KV
-   heads), from ``stage.cache_slices()``; the prefill instance's first rank adds a small ``payload``
-   (the tokens sampled so far, a sampler's state);
+   heads, with the shapes and dtype its model caches: ``stage.cache_shapes()``), from
+   ``stage.cache_slices()``; the prefill instance's first rank adds a small ``payload`` (the tokens
+   sampled so far, a sampler's state). Another model on the decode instance (layers, cache tensors,
+   widths, heads, dtype) or a request it already holds is refused here, the same on every rank
+   (:func:`compatibility_problem`), before any byte moves;
 2. the same pure plan on every rank (:func:`vpp.plan.kv_handover.plan_transfers`): each slice a
    decode rank needs comes from exactly one prefill rank, every byte once;
 3. point to point over the world: prefill ranks only send, decode ranks only receive (no rank both
@@ -31,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from vpp.parallel.instances import Disaggregation
-from vpp.plan.kv_handover import Holding, Piece, Transfer, plan_transfers
+from vpp.plan.kv_handover import Holding, Piece, Transfer, plan_transfers, shape_problem
 
 from .watchdog import Watchdog, rendezvous
 
@@ -48,6 +51,9 @@ class HandoverInfo:
     payload: Any = None
     run_key: str = ""
     problem: str | None = None
+    num_layers: int = 0  # of the rank's model (its pipeline's layout)
+    expects: dict = field(default_factory=dict)  # name -> (shape, None at the token dim; dtype), on decode ranks
+    held: tuple = ()  # requests holding caches on this rank, on decode ranks
 
 
 @dataclass
@@ -77,6 +83,53 @@ def pieces_of(stages: Sequence[torch.nn.Module]) -> tuple[Piece, ...]:
     return tuple(out)
 
 
+def cache_shapes_of(stages: Sequence[torch.nn.Module]) -> dict:
+    """Name -> (shape with None at the token dim, dtype name) of every cache tensor ``stages`` hold."""
+    out = {}
+    for stage in stages:
+        out.update(stage.cache_shapes())
+    return out
+
+
+def compatibility_problem(prefill_ranks: Sequence[int], decode_ranks: Sequence[int], by_rank: dict) -> str | None:
+    """Why the prefill instance's caches cannot become the decode instance's, or None: the same on every
+    rank (it reads only the exchanged :class:`HandoverInfo`). Another model on the decode instance (its
+    layer count, its cache tensors, their widths, heads or dtype) would decode garbage, or fail on the
+    decode ranks alone after the prefill ranks freed the caches; a request the decode instance already
+    holds (handed over twice) could not be installed."""
+    first, decode = by_rank[prefill_ranks[0]], by_rank[decode_ranks[0]]
+    for r in prefill_ranks:
+        if by_rank[r].tokens != first.tokens:
+            return (f"the prefill ranks disagree on the requests to hand over (request -> cached tokens): global rank "
+                    f"{prefill_ranks[0]} gives {first.tokens}, global rank {r} {by_rank[r].tokens}")
+    if first.num_layers != decode.num_layers:
+        return (f"the decode instance's model has {decode.num_layers} layers, the prefill instance's "
+                f"{first.num_layers}: a KV hand-over needs the same model on both")
+    held = {p.name for r in prefill_ranks for p in by_rank[r].pieces}
+    needed = {p.name for r in decode_ranks for p in by_rank[r].pieces}
+    if held != needed:
+        extra, missing = sorted(held - needed), sorted(needed - held)
+        return (f"the decode instance's model needs {len(missing)} cache tensors the prefill instance does not hold "
+                f"{missing[:2]} and not {len(extra)} that it holds {extra[:2]}: a KV hand-over needs the same "
+                f"model on both")
+    for q in first.tokens:
+        shapes = {}
+        for r in prefill_ranks:
+            shapes.update(by_rank[r].shapes[q])
+        for r in decode_ranks:
+            info = by_rank[r]
+            if q in info.held:
+                return (f"request {q!r} already holds caches on the decode instance (global rank {r}): release it "
+                        f"there before handing it over again")
+            dims = {p.name: p.dim for p in info.pieces}
+            for name in sorted(info.expects):
+                problem = shape_problem(name, *shapes[name], *info.expects[name], sliced_dim=dims[name])
+                if problem:
+                    return (f"request {q!r} cannot go to global rank {r} (decode): {problem}; a KV hand-over needs "
+                            f"the same model on both instances")
+    return None
+
+
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name.replace("torch.", ""))
 
@@ -102,6 +155,8 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
     timeout_s = pipe.timeout_s if timeout_s is None else timeout_s
     start = time.perf_counter()
     me, sending = link.groups.global_rank, link.is_prefill
+    if problem is None and pipe.stopped is not None:  # told to every rank in the exchange
+        problem = f"global rank {me} cannot hand over: {pipe.stopped}; start the ranks anew"
     shapes, counts = {}, {}
     if sending and problem is None:
         if requests is None:
@@ -114,21 +169,25 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
             shapes[q] = {n: (tuple(t.shape), str(t.dtype)) for n, t in local.items()}
             counts[q] = pipe.stages[0].cache_length(q)
     mine = HandoverInfo(me, link.role, pieces_of(pipe.stages), shapes, counts,
-                        payload if me == link.prefill_ranks[0] else None, os.urandom(8).hex(), problem)
+                        payload if me == link.prefill_ranks[0] else None, os.urandom(8).hex(), problem,
+                        pipe.layout.num_layers, {} if sending else cache_shapes_of(pipe.stages),
+                        () if sending else tuple({q for st in pipe.stages for q in st.requests()}))
     world = link.prefill_ranks + link.decode_ranks
     rendezvous("the KV hand-over's exchange", me, world, timeout_s=timeout_s)
     infos: list[Any] = [None] * len(world)
     dist.all_gather_object(infos, mine)
     by_rank = {i.global_rank: i for i in infos}
-    problem = next((i.problem for i in infos if i.problem), None)
-    if problem:
+    problem = (next((i.problem for i in infos if i.problem), None)
+               or compatibility_problem(link.prefill_ranks, link.decode_ranks, by_rank))
+    if problem:  # the same on every rank, before any transfer
         raise ValueError(problem)
     requests = list(by_rank[link.prefill_ranks[0]].tokens)
     sources = [Holding(r, by_rank[r].pieces) for r in link.prefill_ranks]
     destinations = [Holding(r, by_rank[r].pieces) for r in link.decode_ranks]
     plan = plan_transfers(sources, destinations)
     watchdog = Watchdog(f"{by_rank[link.prefill_ranks[0]].run_key}/handover", me, timeout_s=timeout_s,
-                        pollable=link.groups.accelerator.backend != "gloo", global_ranks=tuple(range(len(world))))
+                        pollable=link.groups.accelerator.backend != "gloo", global_ranks=tuple(range(len(world))),
+                        label="global rank")
     sent = received = held = 0
     tokens = {}
     moving = time.perf_counter()
@@ -149,6 +208,7 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
                 install_caches(pipe, q, tensors, tokens[q] + reserve)
     except BaseException as exc:
         watchdog.notify_failure(f"global rank {me} ({link.role}) raised {type(exc).__name__}: {exc} in the KV hand-over")
+        pipe.stop(exc, "KV hand-over")
         raise
     finally:
         watchdog.close()
@@ -204,4 +264,5 @@ def install_caches(pipe, request: Hashable, tensors: dict[str, torch.Tensor], to
         stage.import_cache(request, {k: v for k, v in tensors.items() if start <= int(k.split(".")[2]) < end})
 
 
-__all__ = ["HandoverInfo", "HandoverReport", "hand_over", "install_caches", "local_caches", "pieces_of"]
+__all__ = ["HandoverInfo", "HandoverReport", "cache_shapes_of", "compatibility_problem", "hand_over", "install_caches",
+           "local_caches", "pieces_of"]

@@ -91,6 +91,7 @@ class Pipeline:
         self.stages, self.groups = list(stages), groups
         infos = handshake.exchange(self.stages, groups, None, timeout_s=self.timeout_s)
         self.key, self.steps = infos[0].run_key, 0  # the same on every rank: names decode steps' notices
+        self.stopped: str | None = None  # why a call stopped in the middle of its transfers (see check_usable)
         self.pipeline = handshake.pipeline_of(infos, groups)
         self.layout: Layout = infer_layout(self.pipeline)
         check_stage_shapes(self.pipeline)
@@ -123,6 +124,7 @@ class Pipeline:
         chunked and computed, the full prompt is still given (its first N ids are not used). ``steps``:
         steps shared by several prompts, as lists of (prompt index, chunk) (e.g. from
         :func:`vpp.plan.shared_budget.shared_budget_stream`), each moved as one message per hop."""
+        self.check_usable()
         strategy = strategies.get(schedule, strategies.PLANNED)
         chunk_size = inputs.check_chunking(chunk_size)
         if strategy.chunking == "dcpp" and isinstance(chunk_size, int):
@@ -165,15 +167,36 @@ class Pipeline:
         self.groups.accelerator.synchronize(self.groups.device)  # the clock starts on an idle device
         start = time.perf_counter()
         try:
-            result = executor.run(by_id)
+            try:
+                result = executor.run(by_id)
+            except BaseException as exc:
+                self.stop(exc, "prefill")
+                raise
             wall = time.perf_counter() - start
             self.check_finite(result.nonfinite, "prefill")
         except BaseException:
-            for q in ids:  # a failed prefill keeps no caches: the pipeline can take the next request
+            for q in ids:  # a failed prefill keeps no caches (one stopped mid-transfer: see stop)
                 self.release(q)
             raise
         trace = gather_trace(result, self.groups, plan, timeout_s=self.timeout_s) if return_trace else None
         return PrefillOutput(result.logits.get(ids[0]), result.logits, plan, result, trace, wall)
+
+    def stop(self, exc: BaseException, what: str) -> None:
+        """Record that a ``what`` failed in the middle of its transfers: a receive abandoned on one rank
+        (gloo cannot cancel one) takes the next message its peer sends on that channel, and a send
+        that found no receive is taken by the peer's next one, so a later call would time out, or read
+        one step's tensor as another's. Every later call on this rank is refused (:meth:`check_usable`).
+        One process moves nothing: nothing to record."""
+        if dist.is_initialized() and len(self.groups.members) > 1 and self.stopped is None:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            self.stopped = f"a {what} stopped in the middle of its transfers ({type(exc).__name__}: {first})"
+
+    def check_usable(self) -> None:
+        """Refuse any call after :meth:`stop`, on every rank that stopped (one line)."""
+        if self.stopped is not None:
+            raise RuntimeError(f"this pipeline cannot run again on global rank {self.groups.global_rank}: "
+                               f"{self.stopped}; a transfer left behind would take the next one's place: start the "
+                               f"ranks (and their process groups) anew")
 
     def check_finite(self, local: list, what: str) -> None:
         """Share every rank's non-finite (stage, request) pairs and raise the same
@@ -275,6 +298,7 @@ class Pipeline:
 
     def next_logits(self, output: PrefillOutput, request_ids: Sequence[Hashable]) -> torch.Tensor:
         """The prefill's last-token logits of ``request_ids`` as [B, vocab] float32 on every rank."""
+        self.check_usable()
         local = None
         if output.all_logits:
             local = torch.stack([output.all_logits[q].reshape(-1) for q in request_ids])
@@ -283,6 +307,7 @@ class Pipeline:
     def decode(self, tokens: torch.Tensor, request_ids: Sequence[Hashable]) -> torch.Tensor:
         """Append one token per request (``tokens`` [B], the same on every rank) to its caches and
         return the next-token logits [B, vocab] (float32) on every rank."""
+        self.check_usable()
         return decode_step(self, tokens, list(request_ids))
 
     def release(self, request: Hashable) -> None:

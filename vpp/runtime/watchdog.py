@@ -101,11 +101,12 @@ def default_store():
 
 class Watchdog:
     """Failure notices and bounded waits for one executor run, identified by ``run_key`` (the same
-    on every rank of the run)."""
+    on every rank of the run). ``rank`` and the peers are pipeline ranks unless ``label`` says otherwise."""
 
     def __init__(self, run_key: str, rank: int, *, timeout_s: float, poll_s: float = 0.05,
-                 pollable: bool = False, global_ranks: tuple[int, ...] | None = None):
+                 pollable: bool = False, global_ranks: tuple[int, ...] | None = None, label: str = "pipeline rank"):
         self.key = f"vpp/run/{run_key}/failed"
+        self.label = label  # what ``rank`` and the peers are numbered as, in messages (a hand-over: "global rank")
         self.rank, self.timeout_s, self.poll_s = rank, timeout_s, poll_s
         self.pollable = pollable  # Work.is_completed() is meaningful (NCCL, HCCL), see the module docstring
         self.global_ranks = global_ranks  # pipeline rank -> global rank, to name a peer to the launcher
@@ -155,17 +156,17 @@ class Watchdog:
         """Wait for :meth:`mark_done` of ``request`` on another rank, with the same failure checks and
         deadline as :meth:`wait`."""
         if self.store is None:
-            raise ExecutionError(f"pipeline rank {self.rank} needs a completion notice for request {request} "
+            raise ExecutionError(f"{self.label} {self.rank} needs a completion notice for request {request} "
                                  f"at {what}, but the process group has no key-value store", action=what)
         deadline = time.monotonic() + self.timeout_s
         key = self._done_key(request)
         while not self.store.check([key]):
             notice = self.failure_notice()
             if notice is not None:
-                raise ExecutionError(f"pipeline rank {self.rank} stopped at {what} because {notice}", action=what)
+                raise ExecutionError(f"{self.label} {self.rank} stopped at {what} because {notice}", action=what)
             if time.monotonic() > deadline:
-                raise ExecutionError(f"pipeline rank {self.rank} timed out after {self.timeout_s:g}s at {what} "
-                                     f"waiting for request {request} to finish on pipeline rank {peer}",
+                raise ExecutionError(f"{self.label} {self.rank} timed out after {self.timeout_s:g}s at {what} "
+                                     f"waiting for request {request} to finish on {self.label} {peer}",
                                      rank=peer, action=what, global_rank=self._global(peer))
             time.sleep(min(self.poll_s, 0.005))
 
@@ -190,8 +191,8 @@ class Watchdog:
                 self._check(what, peer, deadline)
                 continue
             except Exception as exc:  # the transfer itself failed: usually the peer went away
-                cause = self.failure_notice() or f"pipeline rank {peer} stopped responding ({type(exc).__name__}: {exc})"
-                raise ExecutionError(f"pipeline rank {self.rank} gave up at {what}: {cause}",
+                cause = self.failure_notice() or f"{self.label} {peer} stopped responding ({type(exc).__name__}: {exc})"
+                raise ExecutionError(f"{self.label} {self.rank} gave up at {what}: {cause}",
                                      rank=peer, action=what, global_rank=self._global(peer)) from exc
 
     def _poll_then_wait(self, work: dist.Work, what: str, peer: int | None) -> None:
@@ -205,18 +206,18 @@ class Watchdog:
         try:
             work.wait()
         except Exception as exc:
-            cause = self.failure_notice() or f"pipeline rank {peer} stopped responding ({type(exc).__name__}: {exc})"
-            raise ExecutionError(f"pipeline rank {self.rank} gave up at {what}: {cause}", rank=peer, action=what,
+            cause = self.failure_notice() or f"{self.label} {peer} stopped responding ({type(exc).__name__}: {exc})"
+            raise ExecutionError(f"{self.label} {self.rank} gave up at {what}: {cause}", rank=peer, action=what,
                                  global_rank=self._global(peer)) from exc
 
     def _check(self, what: str, peer: int | None, deadline: float) -> None:
         notice = self.failure_notice()
         if notice is not None:
-            raise ExecutionError(f"pipeline rank {self.rank} stopped at {what} because {notice}", action=what)
+            raise ExecutionError(f"{self.label} {self.rank} stopped at {what} because {notice}", action=what)
         if time.monotonic() > deadline:
             raise ExecutionError(
-                f"pipeline rank {self.rank} timed out after {self.timeout_s:g}s at {what} waiting for "
-                f"pipeline rank {peer}", rank=peer, action=what, global_rank=self._global(peer))
+                f"{self.label} {self.rank} timed out after {self.timeout_s:g}s at {what} waiting for "
+                f"{self.label} {peer}", rank=peer, action=what, global_rank=self._global(peer))
 
 
 class WorkWatch:
@@ -272,21 +273,21 @@ class WorkWatch:
         notice = self.dog.failure_notice()
         if notice is not None:
             what = items[0][1][1] if items else "its next action"
-            raise ExecutionError(f"pipeline rank {self.dog.rank} stopped at {what} because {notice}", action=what)
+            raise ExecutionError(f"{self.dog.label} {self.dog.rank} stopped at {what} because {notice}", action=what)
         now = time.monotonic()
         for n, (work, what, peer, deadline) in items:
             try:
                 done = work.is_completed()
             except Exception as exc:
-                raise ExecutionError(f"pipeline rank {self.dog.rank} gave up at {what}: pipeline rank {peer} "
+                raise ExecutionError(f"{self.dog.label} {self.dog.rank} gave up at {what}: {self.dog.label} {peer} "
                                      f"stopped responding ({type(exc).__name__}: {exc})", rank=peer, action=what,
                                      global_rank=self.dog._global(peer)) from exc
             if done:
                 with self._lock:
                     self._works.pop(n, None)
             elif now > deadline:
-                raise ExecutionError(f"pipeline rank {self.dog.rank} timed out after {self.dog.timeout_s:g}s at "
-                                     f"{what} waiting for pipeline rank {peer}", rank=peer, action=what,
+                raise ExecutionError(f"{self.dog.label} {self.dog.rank} timed out after {self.dog.timeout_s:g}s at "
+                                     f"{what} waiting for {self.dog.label} {peer}", rank=peer, action=what,
                                      global_rank=self.dog._global(peer))
 
 

@@ -78,13 +78,17 @@ class RequestCache:
     ``{"k": 1, "v": 1}`` for [heads, tokens, head_dim] tensors. ``slices`` says, for the parts that
     hold a slice of the full (unsharded) tensor, ``(dim, start, end, full)``: this rank holds entries
     ``[start, end)`` of ``full`` along ``dim`` (GQA: its KV heads); parts not listed are whole
-    (replicated over TP). A KV hand-over between layouts reads it.
+    (replicated over TP). A KV hand-over between layouts reads it. ``shapes`` gives each part's shape
+    on this rank with None at the token dim (GQA: ``(local KV heads, None, head_dim)``): what a
+    hand-over or a load checks the tensors it installs against, so that another model's are refused.
     """
 
     def __init__(self, owner: str, layouts: dict[str, int],
-                 slices: dict[str, tuple[int, int, int, int]] | None = None):
+                 slices: dict[str, tuple[int, int, int, int]] | None = None,
+                 shapes: dict[str, tuple[int | None, ...]] | None = None):
         self.owner, self.layouts = owner, dict(layouts)
         self.slices = dict(slices or {})
+        self.shapes = dict(shapes or {})
         self._entries: dict[Hashable, dict[str, GrowingBuffer]] = {}
 
     def length(self, request: Hashable) -> int:

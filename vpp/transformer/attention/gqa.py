@@ -66,8 +66,10 @@ class GQAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps, **kw) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps, **kw) if qk_norm else None
         heads = kv_head_shard(num_kv_heads, group).local_range(num_kv_heads)
+        shape = (heads[1] - heads[0], None, head_dim)
         self.cache = RequestCache("GQAttention", {"k": 1, "v": 1},
-                                  slices={"k": (0, *heads, num_kv_heads), "v": (0, *heads, num_kv_heads)})
+                                  slices={"k": (0, *heads, num_kv_heads), "v": (0, *heads, num_kv_heads)},
+                                  shapes={"k": shape, "v": shape})
 
     def forward(self, x: torch.Tensor, chunk: Chunk | Batch) -> torch.Tensor:
         c, d = x.shape[0], self.head_dim

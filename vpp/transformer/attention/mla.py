@@ -83,7 +83,10 @@ class MLAttention(nn.Module, UsesWorkspace):
             self.indexer = Indexer(dsa, spec.hidden_size, spec.q_lora_rank, spec.qk_rope_head_dim, **kw)
         self._rope = apply_rope_interleaved if spec.rope_interleave else apply_rope
         layout = {"latent": 0, "index_k": 0} if self.indexer is not None else {"latent": 0}
-        self.cache = RequestCache("MLAttention", layout)
+        shapes = {"latent": (None, spec.kv_lora_rank + spec.qk_rope_head_dim)}
+        if self.indexer is not None:
+            shapes["index_k"] = (None, dsa.index_head_dim)
+        self.cache = RequestCache("MLAttention", layout, shapes=shapes)
 
     def forward(self, x: torch.Tensor, chunk: Chunk | Batch) -> torch.Tensor:
         s, c = self.spec, x.shape[0]
