@@ -1,8 +1,9 @@
 """A two-rank toy prefill with a planted fault on rank 1, run by tests/runtime/test_faults.py under
 torchrun or spawned. ``python fault_job.py MODE TIMEOUT OUT_DIR``; MODE: none, raise, exit, hang
 (mid-prefill), hang-start (before the start-up exchange), die-groups (SIGKILL before the model-parallel
-groups are created: the peer blocks creating them) or die-loading (SIGKILL after building its stages,
-as if loading a checkpoint: the peer waits at the start-up exchange). Each rank writes what it saw to
+groups are created: the peer blocks creating them), die-loading (SIGKILL after building its stages,
+as if loading a checkpoint: the peer waits at the start-up exchange) or die-collective (SIGKILL while the
+peer waits in a collective of the caller's own: its transfer breaks, naming no rank). Each rank writes what it saw to
 OUT_DIR/rank<N> (seconds from its start of the prefill, then its message) and, when it starts running,
 OUT_DIR/running<N> (the wall-clock time, so the test can time the bounds from running ranks rather
 than from interpreter start-up). No fault handling of its own: what it shows is the library's."""
@@ -51,6 +52,11 @@ def job(rank, world, mode, timeout_s, out_dir):
     if mode == "die-loading" and rank == 1:
         time.sleep(1)
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "die-collective":
+        if rank == 1:
+            time.sleep(2)
+            os.kill(os.getpid(), signal.SIGKILL)
+        torch.distributed.all_gather_object([None] * world, rank)
     if mode == "hang-start" and rank == 1:
         time.sleep(600)
     ids = torch.randint(0, 64, (64,), generator=torch.Generator().manual_seed(0))

@@ -124,13 +124,17 @@ def test_a_rank_that_fails_its_checks_stops_the_other_node_at_the_start(nodes):
     ("die-loading", "global rank 0 stopped at the start-up exchange because global rank 1 died while running its "
                     "work, after the process group was created (no heartbeat for "),
     ("die-groups", "ending it: global rank 1 died while running its work, after the process group was created"),
-], ids=["die-loading", "die-groups"])
+    ("die-collective", "RankFailure: global rank 1 died while running its work, after the process group was created "
+                       "(no heartbeat for 3s); global rank 0 lost it: RuntimeError: "),
+], ids=["die-loading", "die-groups", "die-collective"])
 def test_a_rank_killed_at_the_start_stops_the_other_node_naming_it(nodes, tmp_path, mode, said):
     """Node 1's rank is SIGKILLed once the ranks met: after building its stages while node 0's waits for
     it at the start-up exchange (as for a peer loading a checkpoint), or while node 0's rank creates the
-    model-parallel groups with it (blocked inside torch). torchrun stops node 1 only; before, node 0's
-    rank waited out the exchange's or the process group's timeout (300 s here, past BOUND_S). Now the
-    dead rank's silent heartbeat ends it within seconds, naming rank 1 and what it was doing."""
+    model-parallel groups with it (blocked inside torch), or while node 0's rank waits for it in a
+    collective. torchrun stops node 1 only; before, node 0's rank waited out the exchange's or the
+    process group's timeout (300 s here, past BOUND_S), or failed at once with gloo's "Connection reset
+    by peer [address]", naming no rank. Now the dead rank's silent heartbeat ends it within seconds,
+    naming rank 1 and what it was doing."""
     out = tmp_path / mode
     out.mkdir()
     run = nodes([mode, "300", str(out)], [mode, "300", str(out)], program=(str(JOB),))

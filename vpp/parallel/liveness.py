@@ -20,8 +20,8 @@ any of them:
   a rank still running ``exit_grace_s`` seconds later writes torchrun's error file and ends its
   process with one line on stderr, as torch's NCCL watchdog does with a timed-out collective.
 
-Watching one neighbour keeps the store's load at two operations per rank and beat, whatever the world
-size; a node that dies takes consecutive ranks with it, and the rank before them, on another node,
+Watching one neighbour keeps the store's load at a few operations per rank and beat, whatever the
+world size; a node that dies takes consecutive ranks with it, and the rank before them, on another node,
 notices. A rank that died before it ever beat (during its interpreter's start-up, before it reached
 :func:`~vpp.parallel.rendezvous.init_distributed`) cannot be told from a slow one: the start-up
 rendezvous' own timeout bounds that wait.
@@ -90,6 +90,29 @@ class Heartbeat:
             except Exception:  # noqa: BLE001 -- the store may be gone with a finished node: nothing to tell
                 pass
 
+    def silent_peer(self) -> tuple[int, str] | None:
+        """After a transfer of this rank lost its peer (a transport error names an address, not a rank):
+        the lowest other rank whose heartbeat does not move for 3 beats, as ``(rank, "global rank R
+        died <phase> ...")``, or None (no heartbeat started, or every rank beats)."""
+        if self._thread is None:
+            return None
+        wait_s = 3 * self.beat_s
+        before = self._values()
+        time.sleep(wait_s)
+        after = self._values()
+        for r, value in sorted(after.items()):
+            if value != DONE and value == before.get(r):
+                return r, f"global rank {r} died {_phase(value)} (no heartbeat for {wait_s:g}s)"
+        return None
+
+    def _values(self) -> dict[int, str]:
+        """Every other rank's heartbeat value (those that have one)."""
+        out = {}
+        for r in range(self.world_size):
+            if r != self.rank and self.store.check([self._key(r)]):
+                out[r] = self.store.get(self._key(r)).decode()
+        return out
+
     def _key(self, rank: int) -> str:
         return f"{self.prefix}/{rank}"
 
@@ -119,7 +142,7 @@ class Heartbeat:
             if failure is not None:
                 failed_at = failed_at or now
                 if now - failed_at >= self.exit_grace_s and not self._stop.is_set():
-                    rank, message = failure
+                    message = failure[1]
                     self.on_exit(f"global rank {self.rank} still ran {self.exit_grace_s:g}s after a failure, "
                                  f"blocked where vpp cannot interrupt it; ending it: {message}")
                     return
@@ -150,8 +173,12 @@ class _PeerWatch:
             return None
         if now - self.since < b.silent_s:
             return None
-        phase = value.split(" ", 1)[1] if " " in value else "?"
-        return self.peer, f"global rank {self.peer} died {phase} (no heartbeat for {now - self.since:.0f}s)"
+        return self.peer, f"global rank {self.peer} died {_phase(value)} (no heartbeat for {now - self.since:.0f}s)"
+
+
+def _phase(value: str) -> str:
+    """The phase in a heartbeat value ("<count> <phase>")."""
+    return value.split(" ", 1)[1] if " " in value else "(phase unknown)"
 
 
 def exit_now(message: str, write_error_file: Callable[[str], None]) -> None:
@@ -164,4 +191,4 @@ def exit_now(message: str, write_error_file: Callable[[str], None]) -> None:
         os._exit(1)
 
 
-__all__ = ["BEAT_S", "EXIT_GRACE_S", "Heartbeat", "SILENT_S", "exit_now"]
+__all__ = ["BEAT_S", "EXIT_GRACE_S", "SILENT_S", "Heartbeat", "exit_now"]

@@ -48,7 +48,8 @@ def init_distributed(
 
     ``heartbeat``: a :class:`~vpp.parallel.liveness.Heartbeat` to start on its own connection to the
     rendezvous store as soon as this rank reached it (a TCP store: torchrun's or ``env://``'s), so that
-    the peers notice if this rank dies from then on; its :attr:`phase` follows the start-up.
+    the peers notice if this rank dies from then on; its
+    :attr:`~vpp.parallel.liveness.Heartbeat.phase` follows the start-up.
 
     Under torchrun, ``rank``/``world_size`` come from the environment. Already-initialised processes
     are left alone. The local rank picks the card on multi-device nodes (``local_rank`` when given,
@@ -196,22 +197,34 @@ def failure_store() -> dist.Store | None:
 # saw, its summary names as "Root Cause" the one with the earliest error file (whole seconds; ties and
 # ranks without a file go by local rank). A rank that failed because another did leaves this much later.
 VICTIM_GRACE_S = 3.0
+# how gloo and NCCL say that a transfer's peer went away (naming its address, not its rank)
+LOST_PEER = ("by peer", "remote process", "Broken pipe")
 
 
-def record_failure(exc: BaseException) -> None:
+def record_failure(exc: BaseException, heartbeat=None) -> tuple[int, str] | None:
     """Under torchrun, ``exc`` ends this rank: record the world's first failure in the store (for the
     peers' waits) and this rank's in torchrun's error file. A rank whose error names another as the
     cause (``global_rank``: the one it waited for, or whose failure notice stopped it), or that fails
     after another's failure was recorded, is a consequence: it waits :data:`VICTIM_GRACE_S` first, so
     that on its node torchrun's agent sees the root cause exit first (and stops this rank) and, if not,
-    finds this rank's error file the later one. Best effort: the store may be gone with a dead node."""
+    finds this rank's error file the later one. Best effort: the store may be gone with a dead node.
+
+    A transfer that lost its peer (:data:`LOST_PEER`) names no rank: with this rank's ``heartbeat``
+    (:class:`~vpp.parallel.liveness.Heartbeat`) the peer whose heartbeat stands still is found, recorded
+    as the first failure and returned as ``(rank, message)``; otherwise None."""
     rank = int(os.environ.get("RANK", dist.get_rank() if dist.is_initialized() else -1))  # before the group: torchrun's
     blamed = getattr(exc, "global_rank", None)
     message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-    first = None
+    first = died = None
     try:
         store = failure_store()
         if store is not None:
+            if (blamed is None and heartbeat is not None and any(w in message for w in LOST_PEER)
+                    and first_failure(store) is None):
+                died = heartbeat.silent_peer()
+                if died is not None:
+                    blamed = died[0]
+                    announce_failure(store, *died)
             first = announce_failure(store, rank if blamed is None else blamed, message)
     except Exception:  # noqa: BLE001 -- no store: this rank's error alone
         pass
@@ -221,6 +234,7 @@ def record_failure(exc: BaseException) -> None:
         if first is not None and first[0] != rank and first[1] not in message:
             message = f"{message} (the first failure: global rank {first[0]}: {first[1]})"
     write_error_file(message)
+    return died
 
 
 def check_same_on_every_rank(values: dict) -> None:

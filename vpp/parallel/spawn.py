@@ -296,7 +296,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     rank dies with its torchrun (SIGKILL of the launcher included), as spawned ranks die with their parent.
     Across nodes, where torchrun tells nobody: from the start-up rendezvous on, ranks beat a heartbeat
     through the rendezvous store (:mod:`vpp.parallel.liveness`), so a rank that dies (even while the
-    others wait for it to load a checkpoint) stops every other rank within seconds, naming it; and the
+    others wait for it to load a checkpoint) stops every other rank within seconds, naming it (an error
+    of a transfer that lost its peer becomes :class:`RankFailure` naming the rank that died); and the
     first failure is recorded for torchrun's summary (:func:`record_failure`), so that its "Root Cause"
     is the rank that failed first, not a rank that stopped because of it.
 
@@ -316,7 +317,10 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
             heartbeat.phase = "while running its work, after the process group was created"
             value = fn(dist.get_rank(), dist.get_world_size(), *args)
         except Exception as exc:
-            record_failure(exc)
+            died = record_failure(exc, heartbeat)
+            if died is not None:  # a transfer lost its peer: name the rank that died
+                raise RankFailure(died[0], f"{died[1]}; global rank {heartbeat.rank} lost it: "
+                                           f"{type(exc).__name__}: {exc}") from exc
             raise
         heartbeat.finish()
         dist.destroy_process_group()
