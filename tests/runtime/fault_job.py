@@ -1,6 +1,9 @@
 """A two-rank toy prefill with a planted fault on rank 1, run by tests/runtime/test_faults.py under
 torchrun or spawned. ``python fault_job.py MODE TIMEOUT OUT_DIR``; MODE: none, raise, exit, hang
-(mid-prefill) or hang-start (before the start-up exchange). Each rank writes what it saw to
+(mid-prefill), hang-start (before the start-up exchange), die-groups (SIGKILL before the model-parallel
+groups are created: the peer blocks creating them), die-loading (SIGKILL after building its stages,
+as if loading a checkpoint: the peer waits at the start-up exchange) or die-collective (SIGKILL while the
+peer waits in a collective of the caller's own: its transfer breaks, naming no rank). Each rank writes what it saw to
 OUT_DIR/rank<N> (seconds from its start of the prefill, then its message) and, when it starts running,
 OUT_DIR/running<N> (the wall-clock time, so the test can time the bounds from running ranks rather
 than from interpreter start-up). No fault handling of its own: what it shows is the library's."""
@@ -8,6 +11,7 @@ than from interpreter start-up). No fault handling of its own: what it shows is 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -39,10 +43,20 @@ class Faulty(ToyStage):
 def job(rank, world, mode, timeout_s, out_dir):
     with open(os.path.join(out_dir, f"running{rank}"), "w") as f:
         f.write(repr(time.time()))
+    if mode == "die-groups" and rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
     groups = initialize_model_parallel(1, world)
     layout = make_layout("v", 4, world)
     fault = mode if rank == 1 and mode in ("raise", "exit", "hang") else None
     stages = [Faulty(layout.stage_layers[s], 4, vocab_size=64, fault=fault) for s in layout.stages_of(rank)]
+    if mode == "die-loading" and rank == 1:
+        time.sleep(1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "die-collective":
+        if rank == 1:
+            time.sleep(2)
+            os.kill(os.getpid(), signal.SIGKILL)
+        torch.distributed.all_gather_object([None] * world, rank)
     if mode == "hang-start" and rank == 1:
         time.sleep(600)
     ids = torch.randint(0, 64, (64,), generator=torch.Generator().manual_seed(0))

@@ -103,6 +103,15 @@ def test_a_fault_ends_every_rank_and_names_the_failed_one(tmp_path, launcher, mo
     assert not _gone_within(_pids_with(str(out_dir)), 10), "processes of the run are still alive"
 
 
+def test_torchrun_names_the_rank_that_raised_as_the_root_cause(tmp_path):
+    """Rank 1 raises; rank 0 stops because of it. torchrun's agent names as "Root Cause" the failed rank
+    with the earliest error file, counting a rank without one from when it saw it exit (ties: the lower
+    rank). Before: rank 0, which had no error file and left first (or in the same second)."""
+    proc, _ = _run_job("torchrun", "raise", tmp_path)
+    root = proc.stderr.split("Root Cause (first observed failure):", 1)[-1]
+    assert "rank      : 1 (local_rank: 1)" in root and "planted fault" in root, proc.stderr[-3000:]
+
+
 def test_the_job_runs_when_nothing_fails(tmp_path):
     proc, _ = _run_job("torchrun", "none", tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -4,8 +4,9 @@ cluster runs it. Each launcher runs in a session of its own, so that everything 
 rank included, even once orphaned) is killed when a case ends, passed or failed.
 
 Failures that only several nodes show: an argument that differs between the nodes (each node parses
-its own command line), a rank that fails its checks while the other node waits at the start, and a
-node whose launcher is killed.
+its own command line), a rank that fails its checks while the other node waits at the start, a rank
+killed while the other node waits for it (torchrun stops the dead rank's node only), and a node whose
+launcher is killed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 pytestmark = pytest.mark.slow  # every test here starts processes
 
 ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "tests" / "runtime" / "fault_job.py"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 # start-up of two launchers and two interpreters importing torch on a loaded 2-core machine, then a toy
 # run of a few seconds; a rank that waited out the start-up timeout (300 s) would pass this bound
@@ -38,14 +40,15 @@ def _free_port() -> int:
 
 
 class TwoNodes:
-    """Two torchrun launchers (node ranks 0 and 1) running ``python -m vpp ARGS`` with one rank each."""
+    """Two torchrun launchers (node ranks 0 and 1) running ``python PROGRAM ARGS`` (``-m vpp`` unless
+    told) with one rank each."""
 
-    def __init__(self, tmp: Path, args0: list[str], args1: list[str]):
+    def __init__(self, tmp: Path, args0: list[str], args1: list[str], program: tuple[str, ...] = ("-m", "vpp")):
         port, self.tmp, self.procs = _free_port(), tmp, []
         for node, args in enumerate((args0, args1)):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                    "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                   "-m", "vpp", *args]
+                   *program, *args]
             with open(tmp / f"out{node}", "w") as out, open(tmp / f"err{node}", "w") as err:
                 self.procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=ENV, cwd=ROOT,
                                                    start_new_session=True))
@@ -85,8 +88,8 @@ def _running(pid: int) -> bool:
 def nodes(tmp_path):
     started: list[TwoNodes] = []
 
-    def start(args0, args1) -> TwoNodes:
-        started.append(TwoNodes(tmp_path, args0, args1))
+    def start(args0, args1, program=("-m", "vpp")) -> TwoNodes:
+        started.append(TwoNodes(tmp_path, args0, args1, program))
         return started[-1]
     yield start
     for n in started:
@@ -115,6 +118,29 @@ def test_a_rank_that_fails_its_checks_stops_the_other_node_at_the_start(nodes):
     assert own in run.err(1), run.err(1)[-2000:]
     assert f"vpp prefill: error: global rank 1 failed before the ranks started: {own}" in run.err(0), \
         run.err(0)[-2000:]
+
+
+@pytest.mark.parametrize("mode,said", [
+    ("die-loading", "global rank 0 stopped at the start-up exchange because global rank 1 died while running its "
+                    "work, after the process group was created (no heartbeat for "),
+    ("die-groups", "ending it: global rank 1 died while running its work, after the process group was created"),
+    ("die-collective", "RankFailure: global rank 1 died while running its work, after the process group was created "
+                       "(no heartbeat for 3s); global rank 0 lost it: RuntimeError: "),
+], ids=["die-loading", "die-groups", "die-collective"])
+def test_a_rank_killed_at_the_start_stops_the_other_node_naming_it(nodes, tmp_path, mode, said):
+    """Node 1's rank is SIGKILLed once the ranks met: after building its stages while node 0's waits for
+    it at the start-up exchange (as for a peer loading a checkpoint), or while node 0's rank creates the
+    model-parallel groups with it (blocked inside torch), or while node 0's rank waits for it in a
+    collective. torchrun stops node 1 only; before, node 0's rank waited out the exchange's or the
+    process group's timeout (300 s here, past BOUND_S), or failed at once with gloo's "Connection reset
+    by peer [address]", naming no rank. Now the dead rank's silent heartbeat ends it within seconds,
+    naming rank 1 and what it was doing."""
+    out = tmp_path / mode
+    out.mkdir()
+    run = nodes([mode, "300", str(out)], [mode, "300", str(out)], program=(str(JOB),))
+    codes = run.wait()
+    assert codes[0] != 0 and codes[1] != 0, (run.err(0)[-2000:], run.err(1)[-2000:])
+    assert said in run.err(0), run.err(0)[-3000:]
 
 
 def test_a_rank_dies_with_its_torchrun(nodes):

@@ -43,8 +43,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from vpp.parallel.device import Accelerator, get_accelerator
-from vpp.parallel.rendezvous import (announce_start_failure, check_same_on_every_rank, init_distributed,
-                                     launched_by_torchrun)
+from vpp.parallel.liveness import Heartbeat, exit_now
+from vpp.parallel.rendezvous import (announce_failure, announce_start_failure, check_same_on_every_rank,
+                                     first_failure, init_distributed, launched_by_torchrun, record_failure,
+                                     write_error_file)
 
 
 class RankFailure(RuntimeError):
@@ -292,6 +294,12 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     Under torchrun a failure propagates and the process group is not torn down (a transfer stuck in
     a dead peer would block the teardown): the caller exits, and torchrun stops the other ranks. Each
     rank dies with its torchrun (SIGKILL of the launcher included), as spawned ranks die with their parent.
+    Across nodes, where torchrun tells nobody: from the start-up rendezvous on, ranks beat a heartbeat
+    through the rendezvous store (:mod:`vpp.parallel.liveness`), so a rank that dies (even while the
+    others wait for it to load a checkpoint) stops every other rank within seconds, naming it (an error
+    of a transfer that lost its peer becomes :class:`RankFailure` naming the rank that died); and the
+    first failure is recorded for torchrun's summary (:func:`record_failure`), so that its "Root Cause"
+    is the rank that failed first, not a rank that stopped because of it.
 
     ``same``: values every rank must be started with (a command's arguments). Ranks that torchrun
     started on several nodes each parse their own command line; before ``fn`` runs they compare
@@ -301,10 +309,20 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
         check_launch(1, timeout=timeout, pg_timeout_s=pg_timeout_s)  # torchrun's world; world_size is not used
         if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's agent is the parent
             _die_with_parent(os.getppid())
-        init_distributed(get_accelerator(device), timeout_s=pg_timeout_s or timeout)
-        if same is not None:
-            check_same_on_every_rank(same)
-        value = fn(dist.get_rank(), dist.get_world_size(), *args)
+        heartbeat = Heartbeat(announce_failure, first_failure, lambda message: exit_now(message, write_error_file))
+        try:
+            init_distributed(get_accelerator(device), timeout_s=pg_timeout_s or timeout, heartbeat=heartbeat)
+            if same is not None:
+                check_same_on_every_rank(same)
+            heartbeat.phase = "while running its work, after the process group was created"
+            value = fn(dist.get_rank(), dist.get_world_size(), *args)
+        except Exception as exc:
+            died = record_failure(exc, heartbeat)
+            if died is not None:  # a transfer lost its peer: name the rank that died
+                raise RankFailure(died[0], f"{died[1]}; global rank {heartbeat.rank} lost it: "
+                                           f"{type(exc).__name__}: {exc}") from exc
+            raise
+        heartbeat.finish()
         dist.destroy_process_group()
         return [value]
     return run_distributed(fn, world_size, *args, timeout=timeout, threads=threads, pg_timeout_s=pg_timeout_s,

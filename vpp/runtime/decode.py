@@ -80,7 +80,8 @@ def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[Hashable]
         logits = _broadcast(pipe, logits, len(requests), watchdog)
     except BaseException as exc:
         watchdog.notify_failure(f"pipeline rank {me} (global rank {groups.global_rank}) raised "
-                                f"{type(exc).__name__}: {exc} while decoding")
+                                f"{type(exc).__name__}: {exc} while decoding",
+                                groups.global_rank if getattr(exc, "global_rank", None) is None else exc.global_rank)
         if checked:
             pipe.stop(exc, "decode step")
         raise

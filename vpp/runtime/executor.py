@@ -165,12 +165,12 @@ class Executor:
                     busy += self._do(action)
                     self.sends.sweep()
                 busy += self._finish_sends() if self.ops is None else self._finish_device()
-        except ExecutionError:
-            self.watchdog.notify_failure(self._where(step, action, "stopped"))
+        except ExecutionError as exc:
+            self.watchdog.notify_failure(self._where(step, action, "stopped"), exc.global_rank)
             raise
         except Exception as exc:
             notice = self._where(step, action, f"raised {type(exc).__name__}: {exc}")
-            self.watchdog.notify_failure(notice)
+            self.watchdog.notify_failure(notice, self.groups.global_rank)
             raise ExecutionError(notice, rank=self.me, action=str(action), global_rank=self.groups.global_rank) from exc
         finally:
             self.sends.close()

@@ -207,7 +207,8 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
                 held += sum(t.nbytes for t in tensors.values())
                 install_caches(pipe, q, tensors, tokens[q] + reserve)
     except BaseException as exc:
-        watchdog.notify_failure(f"global rank {me} ({link.role}) raised {type(exc).__name__}: {exc} in the KV hand-over")
+        watchdog.notify_failure(f"global rank {me} ({link.role}) raised {type(exc).__name__}: {exc} in the KV hand-over",
+                                me if getattr(exc, "global_rank", None) is None else exc.global_rank)
         pipe.stop(exc, "KV hand-over")
         raise
     finally:

@@ -16,7 +16,9 @@ stay blocked in gloo forever, and must not keep the process alive at exit.
 
 :func:`rendezvous` is the bounded meeting point before a collective (the start-up exchange, barriers,
 gathering traces): every rank announces itself in the store and waits, with the same deadline and
-failure notices, for the others; a rank that does not come is named in the error.
+failure notices, for the others; a rank that does not come is named in the error, and under torchrun
+a rank that died meanwhile (its heartbeat stopped: :mod:`vpp.parallel.liveness`) or failed stops the
+wait at once, named.
 
 Which of the two applies is a property of the process group the transfer runs on, so the executor asks
 it (:func:`polls_completion`), never the machine.
@@ -32,6 +34,8 @@ import time
 from typing import Callable
 
 import torch.distributed as dist
+
+from vpp.parallel.rendezvous import first_failure
 
 
 POLLABLE_BACKENDS = ("nccl", "hccl")
@@ -124,24 +128,31 @@ class Watchdog:
             self._pool.shutdown()
             self._pool = None
 
-    def notify_failure(self, message: str) -> None:
-        """Tell every rank of the run that this rank failed (first notice wins)."""
+    def notify_failure(self, message: str, global_rank: int | None = None) -> None:
+        """Tell every rank of the run that a rank failed (first notice wins): ``global_rank``, the rank at
+        fault (this one, or the one whose failure stopped it), goes with the notice, so that the ranks
+        it stops name it (``ExecutionError.global_rank``: what a launcher blames)."""
         if self.store is None:
             return
         try:
-            self.store.compare_set(self.key, "", message)
+            self.store.compare_set(self.key, "", f"{-1 if global_rank is None else int(global_rank)} {message}")
         except Exception:
             pass
 
     def failure_notice(self) -> str | None:
+        return self._notice()[1]
+
+    def _notice(self) -> tuple[int | None, str | None]:
+        """The run's failure notice: (the global rank at fault or None, the message), or (None, None)."""
         if self.store is None:
-            return None
+            return None, None
         try:
             if self.store.check([self.key]):
-                return self.store.get(self.key).decode()
+                rank, message = self.store.get(self.key).decode().split(" ", 1)
+                return (None if int(rank) < 0 else int(rank)), message
         except Exception:
-            return None
-        return None
+            return None, None
+        return None, None
 
     def _done_key(self, request: int) -> str:
         return self.key.replace("/failed", f"/done/{request}")
@@ -161,9 +172,10 @@ class Watchdog:
         deadline = time.monotonic() + self.timeout_s
         key = self._done_key(request)
         while not self.store.check([key]):
-            notice = self.failure_notice()
+            culprit, notice = self._notice()
             if notice is not None:
-                raise ExecutionError(f"{self.label} {self.rank} stopped at {what} because {notice}", action=what)
+                raise ExecutionError(f"{self.label} {self.rank} stopped at {what} because {notice}", action=what,
+                                     global_rank=culprit)
             if time.monotonic() > deadline:
                 raise ExecutionError(f"{self.label} {self.rank} timed out after {self.timeout_s:g}s at {what} "
                                      f"waiting for request {request} to finish on {self.label} {peer}",
@@ -211,9 +223,10 @@ class Watchdog:
                                  global_rank=self._global(peer)) from exc
 
     def _check(self, what: str, peer: int | None, deadline: float) -> None:
-        notice = self.failure_notice()
+        culprit, notice = self._notice()
         if notice is not None:
-            raise ExecutionError(f"{self.label} {self.rank} stopped at {what} because {notice}", action=what)
+            raise ExecutionError(f"{self.label} {self.rank} stopped at {what} because {notice}", action=what,
+                                 global_rank=culprit)
         if time.monotonic() > deadline:
             raise ExecutionError(
                 f"{self.label} {self.rank} timed out after {self.timeout_s:g}s at {what} waiting for "
@@ -270,10 +283,11 @@ class WorkWatch:
         """One round of checks (the thread's loop body; raises :class:`ExecutionError`)."""
         with self._lock:
             items = sorted(self._works.items())
-        notice = self.dog.failure_notice()
+        culprit, notice = self.dog._notice()
         if notice is not None:
             what = items[0][1][1] if items else "its next action"
-            raise ExecutionError(f"{self.dog.label} {self.dog.rank} stopped at {what} because {notice}", action=what)
+            raise ExecutionError(f"{self.dog.label} {self.dog.rank} stopped at {what} because {notice}", action=what,
+                                 global_rank=culprit)
         now = time.monotonic()
         for n, (work, what, peer, deadline) in items:
             try:
@@ -308,7 +322,13 @@ def rendezvous(what: str, me: int, world, *, timeout_s: float, poll_s: float = 0
     keys = {r: f"vpp/meet/{scope}{n}/{r}" for r in members}
     store.set(keys[me], what)
     deadline = time.monotonic() + timeout_s
-    while not store.check(list(keys.values())):
+    for spin in itertools.count():
+        if store.check(list(keys.values())):
+            return
+        failure = first_failure(store) if spin % 10 == 0 else None  # a rank that died or failed (under torchrun)
+        if failure is not None:
+            raise ExecutionError(f"global rank {me} stopped at {what} because {failure[1]}", action=what,
+                                 global_rank=failure[0])
         if time.monotonic() > deadline:
             missing = [r for r, k in keys.items() if not store.check([k])]
             if not missing:
