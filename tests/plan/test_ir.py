@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -50,6 +51,11 @@ def test_requests_and_chunking():
         chunk_requests([10, 0], 4)
     with pytest.raises(ValueError, match="chunk sizes"):
         Request(0, ())
+    # 2.5 + 2.5 tokens were truncated to 2 + 2: a 4-token request for a 5-token prompt, silently
+    for bad in ((2.5, 2.5), (4, float("nan")), (True, 3)):
+        with pytest.raises(ValueError, match=rf"^request 0: chunk sizes .* must be whole token counts, got "):
+            Request(0, bad)
+    assert Request(0, (8.0, np.int64(3))).chunk_sizes == (8, 3)  # whole numbers of any type stay accepted
 
 
 @pytest.mark.parametrize("build,kind", [(build_cpp, "loop"), (build_vpp, "v"), (build_vpp_async, "v")])

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -160,6 +161,11 @@ class Request:
     _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # offset of every chunk, and the end
 
     def __post_init__(self) -> None:
+        bad = [n for n in self.chunk_sizes if isinstance(n, bool) or not isinstance(n, numbers.Real)
+               or not math.isfinite(n) or int(n) != n]
+        if bad:  # int() would truncate 2.5 to 2: a request shorter than its prompt, silently
+            raise ValueError(f"request {self.id}: chunk sizes {list(self.chunk_sizes)} must be whole token counts, "
+                             f"got {bad[0]!r}")
         object.__setattr__(self, "chunk_sizes", tuple(int(n) for n in self.chunk_sizes))
         object.__setattr__(self, "arrival", float(self.arrival))
         if isinstance(self.cached, bool) or int(self.cached) != self.cached or self.cached < 0:
