@@ -47,6 +47,10 @@ def test_requests_and_chunking():
     assert [r.chunk_sizes for r in reqs] == [(8, 8, 3), (8, 8), (5,)] and [r.id for r in reqs] == [0, 1, 2]
     with pytest.raises(ValueError, match="chunk_size=0"):
         chunk_requests([10], 0)
+    with pytest.raises(ValueError, match=r"^chunk_size=2.5 must be an integer >= 1$"):  # was a TypeError
+        chunk_requests([10], 2.5)
+    with pytest.raises(ValueError, match=r"^prompt lengths \[10, 5.5\] must be integer token counts$"):
+        chunk_requests([10, 5.5], 4)
     with pytest.raises(ValueError, match="request 1 has length 0"):
         chunk_requests([10, 0], 4)
     with pytest.raises(ValueError, match="chunk sizes"):

@@ -231,14 +231,21 @@ def merge_tail(sizes: Sequence[int], threshold: int) -> list[int]:
     return sizes
 
 
+def _whole(x) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 def chunk_requests(lengths: Iterable[int], chunk_size: int, *, first_id: int = 0,
                    arrivals: Iterable[float] | None = None, merge_tail_below: int = 0) -> list[Request]:
     """Requests of the given prompt lengths cut into ``chunk_size`` chunks; the last chunk is ragged
     (joined to the one before when smaller than ``merge_tail_below`` tokens, see :func:`merge_tail`).
     ``arrivals`` (one per prompt, default 0) become ``Request.arrival``."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+    if not _whole(chunk_size) or chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size!r} must be an integer >= 1")
     lengths = list(lengths)
+    if not all(_whole(n) for n in lengths):
+        raise ValueError(f"prompt lengths {lengths} must be integer token counts")
     arrivals = [0.0] * len(lengths) if arrivals is None else [float(a) for a in arrivals]
     if len(arrivals) != len(lengths):
         raise ValueError(f"{len(arrivals)} arrival times for {len(lengths)} prompts")
