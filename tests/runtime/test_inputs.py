@@ -82,6 +82,8 @@ def test_accepted_spellings_give_the_same_logits():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(cached_tokens=2.0), r"cached_tokens=2.0 must be a token count >= 0, or one per prompt"),
+    (dict(cached_tokens=30), r"^request 0: cached_tokens=30 leaves nothing to prefill of its 24-token prompt$"),
+    (dict(cached_tokens=[24]), r"^request 0: cached_tokens=24 leaves nothing to prefill of its 24-token prompt$"),
     (dict(arrivals=0.0), r"arrivals must be one time in seconds per prompt, got float 0.0"),
     (dict(steps=5), r"steps must be lists of \(prompt index, chunk index\) pairs: got int 5"),
     (dict(steps=[[(0, 0)], [(5, 0)]]), r"step 1 names prompt 5, but there are 1 prompts"),
