@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -46,10 +47,19 @@ def test_requests_and_chunking():
     assert [r.chunk_sizes for r in reqs] == [(8, 8, 3), (8, 8), (5,)] and [r.id for r in reqs] == [0, 1, 2]
     with pytest.raises(ValueError, match="chunk_size=0"):
         chunk_requests([10], 0)
+    with pytest.raises(ValueError, match=r"^chunk_size=2.5 must be an integer >= 1$"):  # was a TypeError
+        chunk_requests([10], 2.5)
+    with pytest.raises(ValueError, match=r"^prompt lengths \[10, 5.5\] must be integer token counts$"):
+        chunk_requests([10, 5.5], 4)
     with pytest.raises(ValueError, match="request 1 has length 0"):
         chunk_requests([10, 0], 4)
     with pytest.raises(ValueError, match="chunk sizes"):
         Request(0, ())
+    # 2.5 + 2.5 tokens were truncated to 2 + 2: a 4-token request for a 5-token prompt, silently
+    for bad in ((2.5, 2.5), (4, float("nan")), (True, 3)):
+        with pytest.raises(ValueError, match=rf"^request 0: chunk sizes .* must be whole token counts, got "):
+            Request(0, bad)
+    assert Request(0, (8.0, np.int64(3))).chunk_sizes == (8, 3)  # whole numbers of any type stay accepted
 
 
 @pytest.mark.parametrize("build,kind", [(build_cpp, "loop"), (build_vpp, "v"), (build_vpp_async, "v")])

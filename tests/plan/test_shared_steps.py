@@ -161,3 +161,19 @@ def test_concurrency_gates_hold_on_every_layout(builder, kind):
     requests, steps = shared_budget_stream(lengths, 64)
     with pytest.raises(ValueError, match="deadlock"):
         builder(layout, requests, steps=steps, concurrency=K)
+
+
+def test_a_budget_that_is_not_a_whole_token_count_is_refused_by_name():
+    # 1.5 used to cut pieces of 1.5 tokens (refused later, as "chunk sizes [1, 1, 1, 0]"), True ran as
+    # a budget of 1, and NaN (NaN < 1 is False) never filled a step: an endless loop growing memory
+    for budget in (1.5, True, 0, -2, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"^budget=.* must be an integer number of tokens >= 1$"):
+            shared_budget_stream([5, 3], budget)
+    for lengths in ([5, 2.5], [5, 0], [True, 3]):
+        with pytest.raises(ValueError, match="prompt lengths .* must be integer token counts >= 1"):
+            shared_budget_stream(lengths, 4)
+    for concurrency in (0, 1.5, float("nan"), True):
+        with pytest.raises(ValueError, match=r"^concurrency=.* must be an integer >= 1"):
+            shared_budget_stream([5, 3], 4, concurrency=concurrency)
+    import numpy as np
+    assert shared_budget_stream([np.int64(5), 3], np.int64(4))[1] == shared_budget_stream([5, 3], 4)[1]

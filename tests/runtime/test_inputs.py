@@ -82,6 +82,8 @@ def test_accepted_spellings_give_the_same_logits():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(cached_tokens=2.0), r"cached_tokens=2.0 must be a token count >= 0, or one per prompt"),
+    (dict(cached_tokens=30), r"^request 0: cached_tokens=30 leaves nothing to prefill of its 24-token prompt$"),
+    (dict(cached_tokens=[24]), r"^request 0: cached_tokens=24 leaves nothing to prefill of its 24-token prompt$"),
     (dict(arrivals=0.0), r"arrivals must be one time in seconds per prompt, got float 0.0"),
     (dict(steps=5), r"steps must be lists of \(prompt index, chunk index\) pairs: got int 5"),
     (dict(steps=[[(0, 0)], [(5, 0)]]), r"step 1 names prompt 5, but there are 1 prompts"),
@@ -115,3 +117,16 @@ def test_dcpp_budget_is_checked_before_profiling(budget):
     from vpp.runtime import forward_dcpp_prefill
     with pytest.raises(ValueError, match=rf"budget={budget!r} must be a positive integer number of tokens"):
         forward_dcpp_prefill(_stage(), _ids(), budget, ParallelGroups.single())
+
+
+def test_arrivals_take_any_real_number_and_refuse_by_name():
+    """numpy float32 arrivals (a Real, not a float) were refused as "arrivals must be seconds >= 0, got
+    [np.float32(0.0), ...]": values that are >= 0. NaN and inf were caught later, per request."""
+    prompts = [_ids(), _ids(5)]
+    ref = [ToyStage((0, 2), 2, vocab_size=VOCAB)(p, q, 0, last_token_only=True)[-1] for q, p in enumerate(prompts)]
+    out = _run(prompts, 8, arrivals=[np.float32(0.0), np.float32(0.001)])
+    for q, expect in enumerate(ref):
+        torch.testing.assert_close(out.all_logits[q], expect)
+    for bad, text in ((-1.0, "-1.0"), (float("nan"), "nan"), (float("inf"), "inf"), (True, "True")):
+        with pytest.raises(ValueError, match=rf"^arrivals must be finite seconds >= 0, got {text} in \[0.0, {text}\]$"):
+            _run(prompts, 8, arrivals=[0.0, bad])

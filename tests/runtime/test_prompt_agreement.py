@@ -132,7 +132,12 @@ def _misuse(rank, world):
     out = {}
     for name, kw in {"chunk_size": dict(chunk_size=8 if rank == 0 else 16),  # gloo aborted rank 0 (SIGABRT)
                      "schedule": dict(schedule="vpp" if rank == 0 else "vpp-async"),   # ran, silently
-                     "request_ids": dict(request_ids=[rank])}.items():        # ran: caches under 0 and 1
+                     "request_ids": dict(request_ids=[rank]),                 # ran: caches under 0 and 1
+                     # the stream arguments: each would build another plan (or gate) on one rank
+                     "arrivals": dict(arrivals=[0.0] if rank == 0 else [0.5]),
+                     "concurrency": dict(concurrency=1 + rank),
+                     "cached_tokens": dict(cached_tokens=4 * rank),
+                     "steps": dict(steps=[[(0, c)] for c in range(4)] if rank == 0 else None)}.items():
         try:
             pipe.prefill(mine, **{"chunk_size": 8, **kw})
             out[name] = "ran"
@@ -161,7 +166,11 @@ def test_every_rank_refuses_disagreeing_arguments_and_misuse():
     a, b = run_distributed(_misuse, 2, timeout=240)
     for name, shown in (("chunk_size", "global rank 0 has 8, global rank 1 has 16"),
                         ("schedule", "global rank 0 has 'vpp', global rank 1 has 'vpp-async'"),
-                        ("request_ids", "global rank 0 has [0], global rank 1 has [1]")):
+                        ("request_ids", "global rank 0 has [0], global rank 1 has [1]"),
+                        ("arrivals", "global rank 0 has [0.0], global rank 1 has [0.5]"),
+                        ("concurrency", "global rank 0 has 1, global rank 1 has 2"),
+                        ("cached_tokens", "global rank 0 has 0, global rank 1 has 4"),
+                        ("steps", "global rank 0 has [[[0, 0]], [[0, 1]], [[0, 2]], [[0, 3]]], global rank 1 has None")):
         assert a[name] == b[name] == f"ranks were given different {name}: {shown}; every rank must make the same call"
     assert a["again"] == b["again"] and a["again"].startswith("request 0 already holds 32 tokens in the caches of "
                                                               "stage [0, 1] on global rank 0")

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -160,6 +161,11 @@ class Request:
     _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # offset of every chunk, and the end
 
     def __post_init__(self) -> None:
+        bad = [n for n in self.chunk_sizes if isinstance(n, bool) or not isinstance(n, numbers.Real)
+               or not math.isfinite(n) or int(n) != n]
+        if bad:  # int() would truncate 2.5 to 2: a request shorter than its prompt, silently
+            raise ValueError(f"request {self.id}: chunk sizes {list(self.chunk_sizes)} must be whole token counts, "
+                             f"got {bad[0]!r}")
         object.__setattr__(self, "chunk_sizes", tuple(int(n) for n in self.chunk_sizes))
         object.__setattr__(self, "arrival", float(self.arrival))
         if isinstance(self.cached, bool) or int(self.cached) != self.cached or self.cached < 0:
@@ -225,14 +231,21 @@ def merge_tail(sizes: Sequence[int], threshold: int) -> list[int]:
     return sizes
 
 
+def _whole(x) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 def chunk_requests(lengths: Iterable[int], chunk_size: int, *, first_id: int = 0,
                    arrivals: Iterable[float] | None = None, merge_tail_below: int = 0) -> list[Request]:
     """Requests of the given prompt lengths cut into ``chunk_size`` chunks; the last chunk is ragged
     (joined to the one before when smaller than ``merge_tail_below`` tokens, see :func:`merge_tail`).
     ``arrivals`` (one per prompt, default 0) become ``Request.arrival``."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+    if not _whole(chunk_size) or chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size!r} must be an integer >= 1")
     lengths = list(lengths)
+    if not all(_whole(n) for n in lengths):
+        raise ValueError(f"prompt lengths {lengths} must be integer token counts")
     arrivals = [0.0] * len(lengths) if arrivals is None else [float(a) for a in arrivals]
     if len(arrivals) != len(lengths):
         raise ValueError(f"{len(arrivals)} arrival times for {len(lengths)} prompts")

@@ -25,6 +25,7 @@ holds a request's first chunk until it arrives, so later arrivals cost time, nev
 
 from __future__ import annotations
 
+import numbers
 from typing import Callable, Iterable
 
 from .dcpp import DcppPlanner
@@ -40,13 +41,14 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
     ``on_step``, if given, is called after each step is formed with its (tokens, prefix) per piece, before
     the next step is planned (an engine's online calibration: ``planner.observe_step`` on its time).
     ``concurrency``: see the module docstring."""
-    lengths = [int(n) for n in lengths]
-    if budget < 1:
-        raise ValueError(f"budget={budget} tokens must be >= 1")
-    if any(n < 1 for n in lengths):
-        raise ValueError(f"prompt lengths {lengths} must be >= 1 token")
-    if concurrency is not None and concurrency < 1:
-        raise ValueError(f"concurrency={concurrency} must be >= 1 (or None: unlimited)")
+    lengths = list(lengths)
+    if not _count(budget) or budget < 1:  # a float budget cuts fractional pieces; NaN never fills a step
+        raise ValueError(f"budget={budget!r} must be an integer number of tokens >= 1")
+    if not all(_count(n) and n >= 1 for n in lengths):
+        raise ValueError(f"prompt lengths {lengths} must be integer token counts >= 1")
+    if concurrency is not None and (not _count(concurrency) or concurrency < 1):
+        raise ValueError(f"concurrency={concurrency!r} must be an integer >= 1 (or None: unlimited)")
+    budget, lengths = int(budget), [int(n) for n in lengths]
     done = [0] * len(lengths)
     ends: dict[int, int] = {}                  # request index -> the step where it ends
     steps, head = [], 0
@@ -83,6 +85,11 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
         while head < len(lengths) and done[head] == lengths[head]:
             head += 1
     return steps
+
+
+def _count(x) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def shared_budget_requests(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,

@@ -197,8 +197,10 @@ def requests_for(lengths: Sequence[int], chunk_size: Chunking, ids: Sequence[Has
     planner's ``chunk_sizes`` sizes the first chunk for that prefix), ``chunk_size(n)`` otherwise."""
     if arrivals is not None and (isinstance(arrivals, (str, bytes)) or not isinstance(arrivals, Sequence)):
         raise ValueError(f"arrivals must be one time in seconds per prompt, got {type(arrivals).__name__} {arrivals!r}")
-    if arrivals is not None and any(isinstance(a, bool) or not isinstance(a, (int, float)) or a < 0 for a in arrivals):
-        raise ValueError(f"arrivals must be seconds >= 0, got {list(arrivals)!r}")
+    if arrivals is not None:  # numpy's float32 is a Real but not a float
+        bad = [a for a in arrivals if isinstance(a, bool) or not isinstance(a, numbers.Real) or not 0 <= a < float("inf")]
+        if bad:
+            raise ValueError(f"arrivals must be finite seconds >= 0, got {_plain(bad[0])!r} in {_plain(list(arrivals))!r}")
     arrivals = [0.0] * len(lengths) if arrivals is None else [float(a) for a in arrivals]
     if len(arrivals) != len(lengths):
         raise ValueError(f"{len(arrivals)} arrival times for {len(lengths)} prompts")
