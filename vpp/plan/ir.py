@@ -231,8 +231,8 @@ def merge_tail(sizes: Sequence[int], threshold: int) -> list[int]:
     return sizes
 
 
-def _whole(x) -> bool:
-    """An integer (Python or numpy), not a bool."""
+def is_count(x) -> bool:
+    """An integer (Python or numpy), not a bool, not a float, not a string."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
@@ -241,10 +241,10 @@ def chunk_requests(lengths: Iterable[int], chunk_size: int, *, first_id: int = 0
     """Requests of the given prompt lengths cut into ``chunk_size`` chunks; the last chunk is ragged
     (joined to the one before when smaller than ``merge_tail_below`` tokens, see :func:`merge_tail`).
     ``arrivals`` (one per prompt, default 0) become ``Request.arrival``."""
-    if not _whole(chunk_size) or chunk_size < 1:
+    if not is_count(chunk_size) or chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size!r} must be an integer >= 1")
     lengths = list(lengths)
-    if not all(_whole(n) for n in lengths):
+    if not all(is_count(n) for n in lengths):
         raise ValueError(f"prompt lengths {lengths} must be integer token counts")
     arrivals = [0.0] * len(lengths) if arrivals is None else [float(a) for a in arrivals]
     if len(arrivals) != len(lengths):
@@ -403,5 +403,5 @@ def _parse_piece(text: str) -> tuple[int, int]:
 
 __all__ = [
     "Action", "COMM_MODES", "OPS", "OP_NAMES", "Plan", "Request", "chunk_requests", "compute", "handoff",
-    "link_group", "merge_tail", "recv", "replace_actions", "send",
+    "is_count", "link_group", "merge_tail", "recv", "replace_actions", "send",
 ]

@@ -25,11 +25,10 @@ holds a request's first chunk until it arrives, so later arrivals cost time, nev
 
 from __future__ import annotations
 
-import numbers
 from typing import Callable, Iterable
 
 from .dcpp import DcppPlanner
-from .ir import Request
+from .ir import Request, is_count
 
 OnStep = Callable[[list[tuple[int, int]]], None]
 
@@ -42,11 +41,11 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
     the next step is planned (an engine's online calibration: ``planner.observe_step`` on its time).
     ``concurrency``: see the module docstring."""
     lengths = list(lengths)
-    if not _count(budget) or budget < 1:  # a float budget cuts fractional pieces; NaN never fills a step
+    if not is_count(budget) or budget < 1:  # a float budget cuts fractional pieces; NaN never fills a step
         raise ValueError(f"budget={budget!r} must be an integer number of tokens >= 1")
-    if not all(_count(n) and n >= 1 for n in lengths):
+    if not all(is_count(n) and n >= 1 for n in lengths):
         raise ValueError(f"prompt lengths {lengths} must be integer token counts >= 1")
-    if concurrency is not None and (not _count(concurrency) or concurrency < 1):
+    if concurrency is not None and (not is_count(concurrency) or concurrency < 1):
         raise ValueError(f"concurrency={concurrency!r} must be an integer >= 1 (or None: unlimited)")
     budget, lengths = int(budget), [int(n) for n in lengths]
     done = [0] * len(lengths)
@@ -85,11 +84,6 @@ def shared_budget_steps(lengths: Iterable[int], budget: int, *, planner: DcppPla
         while head < len(lengths) and done[head] == lengths[head]:
             head += 1
     return steps
-
-
-def _count(x) -> bool:
-    """An integer (Python or numpy), not a bool."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def shared_budget_requests(lengths: Iterable[int], budget: int, *, planner: DcppPlanner | None = None,

@@ -14,14 +14,9 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import torch
 
-from vpp.plan.ir import Request, chunk_requests
+from vpp.plan.ir import Request, chunk_requests, is_count
 
 Chunking = int | Sequence[Sequence[int]] | Callable[[int], Sequence[int]]
-
-
-def is_count(x: Any) -> bool:
-    """An integer (Python or numpy), not a bool, not a float, not a string."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def check_chunking(chunk_size: Any) -> Chunking:
