@@ -33,10 +33,10 @@ from vpp.perf.memory import kv_bytes_per_token_layer, rank_memory
 from benchmarks._beyond_findings import findings
 from benchmarks._report import figure, kib, md_table, save
 from vpp.perf.runs import Setup, run
-from vpp.bench.sweep import KV_BYTES, MODELS, fitted_setups, paper_setup
+from benchmarks.paper.sweep import KV_BYTES, MODELS, fitted_setups, paper_setup
 from vpp.perf.taper import best_taper
 from vpp.perf.tune import NothingFits, paper_best, tune
-from vpp.plan.ir import Request
+from vpp.schedules.ir import Request
 
 CHUNKS = (8192, 16384, 24576, 32768)
 LENGTHS = (65536, 131072, 262144, 524288, 1048576)
@@ -213,7 +213,7 @@ def section_memory(setups):
              "Weights as held by one TP rank (W8A8 for DeepSeek/GLM, BF16 for Qwen), the KV cache of the whole "
              "prompt in the format the model is run with (" + ", ".join(
                  f"{m}: {'BF16' if KV_BYTES.get(m, 2) == 2 else f'{8 * KV_BYTES[m]}-bit'}" for m in MODELS) +
-             "; `vpp.bench.sweep.KV_BYTES`), peak activations from the simulated timeline (budget 24K).", ""]
+             "; `benchmarks.paper.sweep.KV_BYTES`), peak activations from the simulated timeline (budget 24K).", ""]
     body = []
     for model in MODELS:
         for L in (131072, 524288):

@@ -5,7 +5,7 @@ the model's value for the same quantity, in the paper's own metric (seconds per 
 throughput gains for the sweeps and streams, step counts, ratios). Its ``status`` says what the model
 value is (set by :func:`benchmarks.cell_status.assign`, from what the fit touches, not from a hand list):
 
-* ``fitted``     -- a device constant was fitted so that this cell equals the paper (:mod:`vpp.bench.fit`);
+* ``fitted``     -- a device constant was fitted so that this cell equals the paper (:mod:`benchmarks.paper.fit`);
 * ``derived``    -- the cell moves one for one with a fitted cell when the fitted constant moves (it
   restates the fit up to small terms: VPP's computation is CPP's, the Attention rows are the fitted
   computation less small terms);

@@ -23,7 +23,7 @@ import time
 
 from benchmarks._report import kib, md_table
 from benchmarks.cp_sweep import ANCHOR, ANCHOR_TOL, anchor, deployments, evaluate, meta_points
-from vpp.bench.sweep import KV_BYTES, WEIGHT_BYTES, fitted_setups
+from benchmarks.paper.sweep import KV_BYTES, WEIGHT_BYTES, fitted_setups
 from vpp.perf.hardware import H100
 
 MODELS = ("deepseek-v3.1", "qwen3-coder-30b-a3b")

@@ -26,7 +26,7 @@ from vpp.perf.memory import rank_memory
 from vpp.perf.ops import Parallel
 from vpp.perf.runs import Setup, run
 
-from vpp.bench.paper import CHUNKS
+from benchmarks.paper.published import CHUNKS
 
 ANCHOR = {"name": "llama3-405b-1m-128xh100", "tokens": 1 << 20, "tp": 8, "cp": 16, "ttft_s": 77.0,
           "efficiency": 0.93, "utilization": 0.63,
@@ -89,7 +89,7 @@ def deployments(arch: Arch, device: Device, *, devices: int = 16, weight_bytes: 
                 kv_bytes: int = 2) -> list[Deployment]:
     """The contenders for ``devices`` devices (see the module docstring). TP never exceeds 8 (one
     node's fast link); shapes whose heads do not split are skipped. ``kv_bytes``: the KV cache format
-    (paper_repro's: 1 for the W8A8 models, :data:`vpp.bench.sweep.KV_BYTES`)."""
+    (paper_repro's: 1 for the W8A8 models, :data:`benchmarks.paper.sweep.KV_BYTES`)."""
     par = lambda tp: Parallel(tp=tp, weight_bytes=weight_bytes, kv_bytes=kv_bytes)
     ok = lambda tp: arch.heads % tp == 0 and tp <= 8
     out = []

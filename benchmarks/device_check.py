@@ -20,7 +20,7 @@ crash or a hang in one part is reported and the others still run. Writes ``devic
     per-layer law tau_k = a + b k fitted to it, beside the same law from the cost model's preset for
     this device (vpp.perf.hardware: H100, H200, 910C).
 (c) The executor's device path on this device: two pipeline ranks as two threads of one process, each
-    on its own stream, transfers as device copies on a stream per direction (``benchmarks/_loopback.py``:
+    on its own stream, transfers as device copies on a stream per direction (``vpp/testing/loopback.py``:
     NCCL refuses two ranks on one GPU); CPP and VPP-Async on tiny-deepseek in bf16. Measured on the
     device: host waits on a transfer and on a compute per chunk, the receive overlap from device events,
     the logits against an unpipelined forward of the same weights. With two or more devices also
@@ -190,13 +190,13 @@ def one_device_pipeline(acc, device, dry: bool) -> list[dict]:
     """CPP and VPP-Async through the executor's device path on one device (see ``_loopback``)."""
     import threading
 
-    from benchmarks._loopback import Hub, HostStreams, LoopbackOps, TimedStage, overlap, pipeline_groups
+    from vpp.testing.loopback import Hub, HostStreams, LoopbackOps, TimedStage, overlap, pipeline_groups
     from vpp.models import build_stage, model_config, random_checkpoint
     from vpp.models.tiny import TINY_CONFIGS
     from vpp.parallel import ParallelGroups
-    from vpp.plan import strategies
-    from vpp.plan.ir import chunk_requests
-    from vpp.plan.layout import make_layout
+    from vpp.schedules import strategies
+    from vpp.schedules.ir import chunk_requests
+    from vpp.schedules.layout import make_layout
     from vpp.runtime.device_order import RUN_AHEAD_COMPUTES
     from vpp.runtime.executor import Executor
     from vpp.runtime.handshake import RankInfo, describe_stage

@@ -2,7 +2,7 @@
 
     python benchmarks/device_emulation.py [--json] [--chunks 16] [--quick] [--out DIR]
 
-Runs the real executor on :mod:`vpp.runtime.device_emulation` (NCCL's ordering rules in virtual time,
+Runs the real executor on :mod:`vpp.testing.emulated_run` (NCCL's ordering rules in virtual time,
 one thread per rank) for CPP, VPP and VPP-Async at PP 2 and 4: one request of ``--chunks`` 1K chunks,
 compute from the paper's Eq. 2 cost model (``LinearCost.eq2``: chunk k costs (k + 1) t per stage,
 t = 10 ms per rank-share of the model) and a transfer of one chunk's activation that takes as long as
@@ -20,12 +20,12 @@ import argparse
 import json
 import os
 
-from vpp.plan import strategies
-from vpp.plan.cost import LinearCost
-from vpp.plan.ir import chunk_requests
-from vpp.plan.layout import make_layout
-from vpp.plan.simulator import simulate
-from vpp.runtime.device_emulation import emulate
+from vpp.schedules import strategies
+from vpp.schedules.cost import LinearCost
+from vpp.schedules.ir import chunk_requests
+from vpp.schedules.layout import make_layout
+from vpp.schedules.simulator import simulate
+from vpp.testing.emulated_run import emulate
 
 SCHEDULES = ("cpp", "vpp", "vpp-async")
 CHUNK = 1024

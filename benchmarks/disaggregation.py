@@ -19,7 +19,7 @@ TP1 x PP2 on a V (vpp-async) and a decode instance TP2 x PP1). For each tiny mod
 single rank; 2: 4 ranks).
 
 Modelled (:mod:`vpp.perf.disaggregation`, the paper's deployment: 16 Ascend 910C dies, TP8 x PP2,
-the weight and cache formats of ``vpp.bench.sweep``): decode time per token in the prefill's V, on a
+the weight and cache formats of ``benchmarks.paper.sweep``): decode time per token in the prefill's V, on a
 decode instance of the same size as TP8 x PP2 (a loop) or TP16, whether it fits in HBM, and the
 hand-over time from the prefill to each, at 128K-1M tokens.
 
@@ -70,7 +70,7 @@ def _world(rank, world, models, lengths, chunk, steps, rounds, decode_tp):
     from vpp.models.registry import open_model
     from vpp.parallel.instances import initialize_disaggregated
     from vpp.runtime import Pipeline, Sampler
-    from vpp.runtime.handover import hand_over, local_caches
+    from vpp.kv.handover import hand_over, local_caches
     from vpp.runtime.watchdog import rendezvous
 
     torch.set_num_threads(1)
@@ -160,10 +160,10 @@ def measured_table(rows: list[dict]) -> str:
 
 
 def modelled_table(lengths=PAPER_LENGTHS) -> str:
-    from vpp.bench.sweep import MODELS, paper_setup
+    from benchmarks.paper.sweep import MODELS, paper_setup
     from vpp.perf.disaggregation import decode_step, handover
     from vpp.perf.ops import Parallel
-    from vpp.plan import make_layout
+    from vpp.schedules import make_layout
 
     lines = ["| model | tokens | TPOT in prefill's V (TP8xPP2) ms | TPOT decode TP8xPP2 loop ms | TPOT decode TP16 ms | "
              "hand-over to TP8xPP2: GB / s | hand-over to TP16: GB / s |", "|---|" + "---|" * 6]

@@ -58,7 +58,7 @@ def _rank(rank: int, world: int, model: str, schedule: str, length: int, chunk: 
     from vpp.parallel import initialize_model_parallel
     from vpp.transformer.attention.workspace import set_workspace_bytes
     from vpp.runtime.api import forward_prefill
-    from vpp.bench.prefill_rounds import cache_bytes, weight_bytes
+    from vpp.cli.prefill_rounds import cache_bytes, weight_bytes
     groups = initialize_model_parallel(1, world)
     acc, device = groups.accelerator, groups.device
     cfg, layout = _config_layout(model, schedule, world, length)
@@ -96,7 +96,7 @@ def _config_layout(model: str, schedule: str, world: int, length: int):
     from vpp.models import model_config
     from vpp.models.registry import snap_partition
     from vpp.models.tiny import TINY_CONFIGS
-    from vpp.plan import make_layout, strategies
+    from vpp.schedules import make_layout, strategies
     cfg = model_config(dict(TINY_CONFIGS[model], max_position_embeddings=max(length, 32768)))
     n = cfg["num_hidden_layers"]
     kind = strategies.get(schedule).layout

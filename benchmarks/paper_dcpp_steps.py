@@ -1,9 +1,9 @@
 """DCPP's step count under the planner's sourced variants (Fig. 1(b): 17 steps at 128K / 16K; Sec. 4:
 ~4.4x CPP's 22 steps at 512K / 24K, i.e. ~97).
 
-Each row runs vLLM-Ascend main's planner (:class:`vpp.plan.dcpp.DcppPlanner`, mode ``vllm-ascend``) on
+Each row runs vLLM-Ascend main's planner (:class:`vpp.schedules.dcpp.DcppPlanner`, mode ``vllm-ascend``) on
 DeepSeek-V3.1's loop (TP8 x PP2) with one input changed; the online calibration is fed each step's
-simulated time (:func:`vpp.plan.dcpp.plan_online`), as the engine feeds ``execution_time_ms``. What a
+simulated time (:func:`vpp.schedules.dcpp.plan_online`), as the engine feeds ``execution_time_ms``. What a
 row changes, and where it comes from:
 
 * profiled rank -- vLLM-Ascend profiles the output (last) rank; SGLang the first;
@@ -19,7 +19,7 @@ The adopted model is the first row; none of these is fitted.
 
 from __future__ import annotations
 
-from vpp.plan.dcpp import DcppPlanner, plan_online, stage_measure
+from vpp.schedules.dcpp import DcppPlanner, plan_online, stage_measure
 
 from benchmarks._report import md_table
 

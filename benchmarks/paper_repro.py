@@ -6,7 +6,7 @@ DeepSeek-V3.1, GLM-5.2 and Qwen3-Coder-30B-A3B on TP8 + PP2 (16 Ascend 910C NPUs
 decomposition (Tables 1 and 2), the step counts (Fig. 1b), the long-sequence sweep 64K..1M with the
 chunk-budget sensitivity, the ablation, and the short / long / mixed request streams (Fig. 3). Every
 number the paper reports is one cell, scored once, with its status: fitted (three constants, each on one
-declared cell, vpp.bench.fit), derived (moves one for one with a fitted cell), structural (built into
+declared cell, benchmarks.paper.fit), derived (moves one for one with a fitted cell), structural (built into
 the model) or predicted (benchmarks/cell_status.py). Writes paper_repro.md, paper_repro.json and PNGs.
 ``--quick`` skips the long stream, the what-if table and the figures.
 """
@@ -24,11 +24,11 @@ from benchmarks._report import figure, kib, md_table, save
 from benchmarks import cell_status as CS, cells as C, paper_cells as PC, paper_misses as PM, paper_whatif as PW
 from benchmarks import paper_dcpp_steps as PDS
 from benchmarks.paper_streams import section_streams, streams
-from vpp.bench import paper
-from vpp.bench.sweep import KV_BYTES, MODELS, WEIGHT_BYTES, at, best, fitted_setups, sweep
+from benchmarks.paper import published as paper
+from benchmarks.paper.sweep import KV_BYTES, MODELS, WEIGHT_BYTES, at, best, fitted_setups, sweep
 from vpp.perf.decompose import VIEWS, decompose, rank_categories
 from vpp.perf.runs import run
-from vpp.plan import strategies
+from vpp.schedules import strategies
 
 STRATS = strategies.PLANNED
 SWEPT = ("cpp", "dcpp", "vpp-async")   # the strategies the sweep cells read
@@ -65,7 +65,7 @@ MECHANISMS = (
      "Ascend profiler step trace; vLLM's CPU-side metadata exchange; vLLM's model runner receives inside the "
      "step it was given", "none; both views in sections 4 and 5, the early post in section 4"),
     ("shared token budget in streams", "each step carries up to the budget: the rest of the running request, then "
-     "the first chunks of the next ones; DCPP's time budget shared the same way (vpp/plan/shared_budget.py, "
+     "the first chunks of the next ones; DCPP's time budget shared the same way (vpp/schedules/shared_budget.py, "
      "issue 20)", "vLLM scheduler (running, then waiting requests while the token budget lasts); vLLM-Ascend "
      "#9900 (shared time budget)", "none; on in the streams (Setup.shared_budget), section 7 scores the streams "
      "with it off"),
@@ -151,7 +151,7 @@ def section_constants(device) -> str:
     return "\n".join(["## 0. Constants (Ascend 910C die, the paper's NPU)", "", md_table(["constant", "value", "source"], rows),
                       "", "Deployment: TP8 x PP2 (16 NPUs), experts over the 8 TP ranks (EP8), vLLM's PP hand-over; "
                       f"weights {_formats(WEIGHT_BYTES, 'W8A8')}; KV cache {_formats(KV_BYTES, '8-bit (C8)')} (in BF16 "
-                      "DeepSeek-V3.1's 512K cache does not fit its busiest NPU, vpp/bench/sweep.py); BF16 activations. "
+                      "DeepSeek-V3.1's 512K cache does not fit its busiest NPU, benchmarks/paper/sweep.py); BF16 activations. "
                       "DCPP: vLLM-Ascend's planner (min chunk 4096, smoothing 1.0, online calibration on). "
                       "Even layer split (DeepSeek 31/30 on the loop, 16/15/15/15 on the V).", ""])
 

@@ -28,8 +28,8 @@ from benchmarks._report import md_table
 from benchmarks.paper_repro import STRATS, model_cells, scored_cells, table_512k
 from benchmarks.paper_streams import streams
 from benchmarks import paper_cells as PC
-from vpp.bench import paper
-from vpp.bench.sweep import fitted_setups, sweep
+from benchmarks.paper import published as paper
+from benchmarks.paper.sweep import fitted_setups, sweep
 from vpp.perf.hardware import ASCEND_910C
 
 ASSUMED = ("eff_matmul", "eff_mem", "link_latency", "kernel_overhead")

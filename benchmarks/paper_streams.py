@@ -7,18 +7,18 @@ from __future__ import annotations
 
 from benchmarks._report import kib, md_table
 from benchmarks import cells as C, paper_cells as PC
-from vpp.bench import paper
-from vpp.bench.serving import best_budget, compare
-from vpp.bench.sweep import MODELS
-from vpp.plan import strategies
-from vpp.plan.workloads import long as long_stream, mixed, short
+from benchmarks.paper import published as paper
+from benchmarks.paper.serving import best_budget, compare
+from benchmarks.paper.sweep import MODELS
+from vpp.schedules import strategies
+from vpp.schedules.workloads import long as long_stream, mixed, short
 
 LABEL = {s: strategies.get(s).label for s in strategies.PLANNED}
 
 
 def streams(setups, quick: bool, shared_budget: bool = True, batched: bool = True) -> dict:
     """The Fig. 3 streams, each strategy at its best budget; ``shared_budget``: vLLM's shared token budget
-    (:mod:`vpp.plan.shared_budget`), ``batched``: each shared step one forward (:mod:`vpp.perf.batched`),
+    (:mod:`vpp.schedules.shared_budget`), ``batched``: each shared step one forward (:mod:`vpp.perf.batched`),
     both the adopted model."""
     setups = {m: st.replace(shared_budget=shared_budget, batched_steps=batched) for m, st in setups.items()}
     workloads = {"mixed": mixed(scale=1)}
@@ -59,7 +59,7 @@ def section_stream_switches(results, off, calls, eq2) -> str:
         "only attention per piece, over its own prefix (vpp/perf/batched.py), so the prompts of one step share "
         "its weight reads, launches and collectives; against one stage call per piece the adopted cells differ "
         f"by {moved(cols[2], 'Fig. 3 mixed')} points on the mixed stream and {moved(cols[2], 'Fig. 3 short')} on "
-        "the short ones. Under shared steps a stream is scheduled as one sequence of steps (vpp/plan/steps.py), "
+        "the short ones. Under shared steps a stream is scheduled as one sequence of steps (vpp/schedules/steps.py), "
         "which leaves no drain between requests to pack: VPP + packing runs as VPP-Async there, and the packing "
         f"estimate moves the cells by {moved(cols[3], 'Fig. 3 mixed')} (mixed) and "
         f"{moved(cols[3], 'Fig. 3 short')} (short) points.", "",
@@ -72,7 +72,7 @@ def section_streams(results, off=None, calls=None, eq2=None) -> str:
              "Each strategy at its best budget (highest throughput); TTFT from hand-over (median / p90, s); "
              "throughput in tokens/s. VPP = VPP-Async + packing (the paper's full method, scored in section 3); "
              "'per-rank V' is the same on a V balanced per rank (rank 0 carries the embedding and the head). "
-             "Every strategy fills its steps under vLLM's shared token budget (vpp/plan/shared_budget.py; DCPP "
+             "Every strategy fills its steps under vLLM's shared token budget (vpp/schedules/shared_budget.py; DCPP "
              "with vLLM-Ascend's shared time budget and its online calibration over the first steps, each timed "
              "step one forward) and runs each shared step as one forward (vpp/perf/batched.py); the plan keeps "
              "one COMPUTE per piece, whose times sum to the step's.", "",

@@ -2,7 +2,7 @@
 
 Every row reruns the same cells (DeepSeek-V3.1 512K / 24K on TP8 x PP2, DCPP's step count at 128K / 16K,
 two single-budget gains) with one mechanism changed from the adopted model; the constants a change
-invalidates are refitted on the same cells as the adopted model's (vpp.bench.fit), so a row shows what
+invalidates are refitted on the same cells as the adopted model's (benchmarks.paper.fit), so a row shows what
 the mechanism moves, not a fit left stale. ``--quick`` callers can pass fewer rows.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vpp.bench import paper
-from vpp.bench.fit import _bisect, fit_host_step
+from benchmarks.paper import published as paper
+from benchmarks.paper.fit import _bisect, fit_host_step
 from vpp.perf.decompose import decompose
 from vpp.perf.runs import run
 
@@ -57,7 +57,7 @@ def variants(ds) -> list[tuple[Variant, object, dict, str]]:
         (Variant("DCPP syncs on every step", "the launch stall on every DCPP step, also in streams after the "
                  "planner's calibration (host_step refitted)", "the model before issue 23"), every, {}, "profiler"),
         (Variant("DCPP planner of vLLM-Ascend PR #7896", "smoothing 0.8, timing never off (host_step refitted)",
-                 "vllm-ascend bec63146 (vpp/plan/dcpp.py, issue 20)"), m7896, {}, "profiler"),
+                 "vllm-ascend bec63146 (vpp/schedules/dcpp.py, issue 20)"), m7896, {}, "profiler"),
         (Variant("DCPP calibrated before the run", "a warm engine: online re-fit done, no sync, no stall",
                  "the paper averages 4 runs per configuration"), ds.replace(device=ds.device.replace(host_step=0.0)),
          {}, "profiler"),

@@ -4,7 +4,7 @@
 
 Two spawned CPU ranks (one thread each). Every round runs, interleaved, CPP and VPP-Async with the even
 split ("before": :func:`vpp.models.snap_partition`) and with the partition balanced per rank on the cost
-model ("after": :mod:`vpp.bench.partition`), each after a barrier; the first round is preceded by a
+model ("after": :mod:`vpp.models.run_layout`), each after a barrier; the first round is preceded by a
 warm-up. Reports, per configuration, the median TTFT and its spread (min-max) over rounds, and the
 VPP-Async / CPP TTFT ratio computed per round. Writes ``benchmarks/results/partition_balance.md`` and
 ``.json``.
@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _worker(rank: int, world: int, args) -> dict | None:
-    from vpp.bench.prefill_rounds import BenchConfig, run_bench
+    from vpp.cli.prefill_rounds import BenchConfig, run_bench
     from vpp.parallel import initialize_model_parallel
     groups = initialize_model_parallel(1, 2)
     out: dict = {"ttft": {}, "layouts": {}}
@@ -41,9 +41,9 @@ def _worker(rank: int, world: int, args) -> dict | None:
 
 def _rank_note(args) -> str:
     """Which layers each rank holds under the two partitions (and the cost model's heaviest rank)."""
-    from vpp.bench.partition import choose_partition, layer_costs
+    from vpp.models.run_layout import choose_partition, layer_costs
     from vpp.models.registry import open_model
-    from vpp.plan import make_layout, rank_loads
+    from vpp.schedules import make_layout, rank_loads
     model = open_model(args.model)
     costs, embed, head = layer_costs(model.config, chunk=args.chunk, seq_len=args.seq_len)
     out = []

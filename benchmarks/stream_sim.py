@@ -2,7 +2,7 @@
 
 Every strategy runs the same model (8 layers on 2 ranks unless told otherwise) under one cost model with
 linear tau_k and a transfer time: the development machine's measured per-layer law (tau_k ~ 89 +
-34 k ms per layer for 1K-token chunks; :func:`vpp.bench.stream_sim.machine_cost`). Workloads are
+34 k ms per layer for 1K-token chunks; :func:`vpp.schedules.runner.machine_cost`). Workloads are
 the paper's (Sec. 6.1) scaled by one factor (``--scale``, default 32, so the paper's 32K chunk is 1K):
 
 1. the Sec. 6.4 ablation stream: 256K-token requests, three in flight (the main table), also on deeper
@@ -16,7 +16,7 @@ VPP-Async's cost-unaware pipelined order.
 
 "Drain idle" is the bubble (idle that is not waiting for work), summed over ranks, inside the drain
 windows: for every request with a successor, from the end of stage 0 on its last chunk to its first
-token (:func:`vpp.plan.stream.drain_idle`). "Removed" fractions are relative to VPP-Async.
+token (:func:`vpp.schedules.stream.drain_idle`). "Removed" fractions are relative to VPP-Async.
 Writes the tables and the command line to ``benchmarks/results/stream_sim.md``.
 
     python -m benchmarks.stream_sim [--scale 32] [--requests 4] [--out benchmarks/results/stream_sim.md]
@@ -29,8 +29,8 @@ import os
 import sys
 
 
-from vpp.plan import strategies, workloads as W
-from vpp.bench.stream_sim import (EXTRA, STRATEGIES, StreamSetup, compare, format_effect, format_table,
+from vpp.schedules import strategies, workloads as W
+from vpp.schedules.runner import (EXTRA, STRATEGIES, StreamSetup, compare, format_effect, format_table,
                                           packing_effect)
 
 

@@ -17,11 +17,11 @@ import os
 import time
 
 from benchmarks._report import kib, md_table
-from vpp.bench import paper
-from vpp.bench.sweep import fitted_setups
+from benchmarks.paper import published as paper
+from benchmarks.paper.sweep import fitted_setups
 from vpp.perf.runs import run
-from vpp.plan import Request, chunk_requests
-from vpp.plan.dcpp import DcppPlanner, plan_online, profiled_stages, stage_measure
+from vpp.schedules import Request, chunk_requests
+from vpp.schedules.dcpp import DcppPlanner, plan_online, profiled_stages, stage_measure
 
 STRATEGIES = ("cpp", "dcpp", "vpp-async")
 MODELS = ("deepseek-v3.1", "qwen3-coder-30b-a3b")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from vpp.plan import LinearCost, Request, make_layout, simulate, strategies
+from vpp.schedules import LinearCost, Request, make_layout, simulate, strategies
 
 C = 1024
 

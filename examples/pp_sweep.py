@@ -16,7 +16,7 @@ import torch.distributed as dist
 from vpp.models import prompt_ids
 from vpp.models.registry import open_model, snap_partition
 from vpp.parallel import initialize_model_parallel, launch, launched_by_torchrun
-from vpp.schedules import forward_prefill, make_layout
+from vpp.runtime import forward_prefill, make_layout
 
 # (schedule, layout kind, folds)
 VARIANTS = [("cpp", "loop", 1), ("vpp", "v", 1), ("vpp-async", "v", 1), ("vpp-async", "v", 2),

@@ -13,7 +13,7 @@ import argparse
 from vpp.models import prompt_ids
 from vpp.models.registry import open_model
 from vpp.parallel import initialize_model_parallel, launch
-from vpp.schedules import forward_cpp_prefill, forward_vpp_prefill, make_layout
+from vpp.runtime import forward_cpp_prefill, forward_vpp_prefill, make_layout
 
 
 def prefill(rank: int, world: int, args) -> None:

@@ -9,7 +9,7 @@ and the README, must resolve; the tests list every one that does not, as ``file:
   package: ``vpp.x`` must be one.
 * **Sphinx roles** in Python docstrings (``:func:`...```, ``:mod:``, ``:class:``, ``:data:``, ``:meth:``,
   ``:attr:``, ``:exc:``, ``:obj:``): a target with leading dots is relative to the module's package, as in an
-  import (``.builders.x`` in ``vpp/plan/y.py`` is ``vpp.plan.builders.x``); a bare ``name`` or
+  import (``.builders.x`` in ``vpp/schedules/y.py`` is ``vpp.schedules.builders.x``); a bare ``name`` or
   ``Name.attr`` is looked up in the mentioning module's namespace, then (a method named from its own
   class's docstrings) among the attributes of the classes that module defines; ``vpp.``/``benchmarks.``
   targets are dotted names as above; other absolute targets (``torch.x``) are not checked.
@@ -245,20 +245,20 @@ def test_readme_names_what_exists():
 
 
 @pytest.mark.parametrize("text, bad", [
-    ("see vpp.plan.ir.Plan and vpp/plan/ir.py", False),
-    ("see vpp.plan.no_such_module", True),
-    ("see vpp.plan.ir.NoSuchName", True),
-    ("vpp.plan.* modules", False),
-    ("vpp.plan.ir.* modules", True),  # a module, not a package
+    ("see vpp.schedules.ir.Plan and vpp/schedules/ir.py", False),
+    ("see vpp.schedules.no_such_module", True),
+    ("see vpp.schedules.ir.NoSuchName", True),
+    ("vpp.schedules.* modules", False),
+    ("vpp.schedules.ir.* modules", True),  # a module, not a package
     ("vpp/no_such_dir/", True),
     ("benchmarks/results/*.md", False),
     ("benchmarks/results/*.nothing", True),
-    ("vpp/plan/ir.py:1", False),
-    ("vpp/plan/ir.py:100000", True),
-    ("plan/ir.py and ../perf/arch.py", False),  # relative to vpp/, and to the mentioning file's directory
-    ("plan/no_such.py", True),
+    ("vpp/schedules/ir.py:1", False),
+    ("vpp/schedules/ir.py:100000", True),
+    ("schedules/ir.py and ../perf/arch.py", False),  # relative to vpp/, and to the mentioning file's directory
+    ("schedules/no_such.py", True),
     ("https://github.com/x/y/blob/main/vpp/nothing.py and /abs/vpp/nothing.py", False),
-    (":func:`.ir.chunk_requests` and :class:`Plan`", False),  # relative to vpp.plan; Plan in vpp.plan.ir's namespace
+    (":func:`.ir.chunk_requests` and :class:`Plan`", False),  # relative to vpp.schedules; Plan in vpp.schedules.ir's namespace
     (":func:`.no_such.f`", True),
     (":func:`no_such_name`", True),
     (":class:`torch.nn.Module`", False),
@@ -274,6 +274,6 @@ def test_readme_names_what_exists():
 def test_the_rules(text, bad):
     """The checker itself: each rule accepts what exists and refuses what does not."""
     problems: list[str] = []
-    path = ROOT / "vpp" / "plan" / "ir.py"
-    _check_text(path, 1, text, importlib.import_module("vpp.plan.ir"), problems)
+    path = ROOT / "vpp" / "schedules" / "ir.py"
+    _check_text(path, 1, text, importlib.import_module("vpp.schedules.ir"), problems)
     assert bool(problems) == bad, problems

@@ -122,7 +122,7 @@ def test_missing_folder_and_dirs(tmp_path):
 
 
 def test_plan_trace_writers_refuse_special_files(tmp_path):
-    from vpp.plan.trace import Trace
+    from vpp.schedules.trace import Trace
     trace = Trace(1, (), {})
     kind = _device_node(str(tmp_path / "node"))
     with pytest.raises(OutputPathError, match=kind):

@@ -5,7 +5,7 @@ Each benchmark runs as the README says to run it, ``python -m benchmarks.NAME`` 
 with the smallest arguments that still take its real path (spawned ranks where it spawns them, every
 section, every file it writes), and writes into the test's temporary directory, never into
 ``benchmarks/results/``. The examples run in ``tests/cli/test_examples.py`` and the accelerator script's
-dry run in ``tests/bench/test_device_check.py``; :func:`test_every_script_has_a_run` keeps the list whole.
+dry run in ``tests/benchmarks/test_device_check.py``; :func:`test_every_script_has_a_run` keeps the list whole.
 Small sizes: these check that a script runs and writes what it says, not its figures.
 """
 

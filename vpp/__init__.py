@@ -11,12 +11,13 @@ Vocabulary (used the same way in every module, docstring and error message):
 * ``layer``   -- a transformer layer, numbered globally as in the checkpoint (0 .. num_layers-1).
 * ``axis``    -- a mesh axis (``tp``, ``pp``, ``ep``, ``dp``); ``dim`` -- a tensor dimension.
 
-Rooms, top to bottom (a room imports only rooms below it; README "Layout"): :mod:`vpp.cli`,
-:mod:`vpp.schedules` (the public API re-exports), :mod:`vpp.bench` (measurement harness),
-:mod:`vpp.runtime` (plans on process groups), :mod:`vpp.perf` (paper-scale cost model),
-:mod:`vpp.models` (model families and checkpoints), :mod:`vpp.transformer` (what a layer computes:
-attention, MoE, router, MLP), :mod:`vpp.parallel` (who talks to whom), :mod:`vpp.plan`
-(what runs when, as data) and :mod:`vpp.config` (the Hugging Face config reader).
+Rooms, top to bottom (a room imports only rooms below it; README "Layout"): :mod:`vpp.cli` (the
+commands and the engines behind them), :mod:`vpp.kv` (KV caches moving between instances) and
+:mod:`vpp.testing` (doubles of devices CPUs lack), :mod:`vpp.runtime` (plans on process groups; the
+prefill calls and ``Pipeline``) and :mod:`vpp.models` (model families, checkpoints, a run's layout),
+:mod:`vpp.perf` (paper-scale cost model, memory plan) and :mod:`vpp.transformer` (what a layer
+computes), :mod:`vpp.parallel` (who talks to whom), :mod:`vpp.schedules` (what runs when, as data) and
+:mod:`vpp.config` (the Hugging Face config reader).
 """
 
 __version__ = "0.1.0"

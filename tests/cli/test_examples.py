@@ -98,7 +98,7 @@ def test_generate_under_torchrun_matches_spawned_ranks():
 def test_generate_decodes_on_another_group_and_from_a_kv_directory(tmp_path):
     """`vpp generate --decode-tp 2` after a TP1 x PP2 vpp-async prefill, and the directory round trip
     (--save-kv on TP1 x PP2, --load-kv on TP2 x PP1), against transformers' greedy generate (DeepSeek-V3.2:
-    MLA latents and DSA indexer keys; tests/runtime/test_handover.py covers every family through the API)."""
+    MLA latents and DSA indexer keys; tests/kv/test_handover.py covers every family through the API)."""
     import json
 
     import torch

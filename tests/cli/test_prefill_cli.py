@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from vpp.cli.prefill import report
 from vpp.models.toy import ToyStage
-from vpp.bench.prefill_rounds import BenchConfig, Row
+from vpp.cli.prefill_rounds import BenchConfig, Row
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ def test_flops_folds_and_files(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_planning_imports_neither_torch_nor_matplotlib():
-    code = ("import sys, vpp.plan, vpp.cli.simulate; "
+    code = ("import sys, vpp.schedules, vpp.cli.simulate; "
             "print('torch' in sys.modules, 'matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]

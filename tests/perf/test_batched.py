@@ -3,15 +3,15 @@ computed here from the op lists and the device, layer by layer of the layout, at
 
 import pytest
 
-from vpp.bench.serving import serve
+from benchmarks.paper.serving import serve
 from vpp.perf.arch import Arch
 from vpp.perf.batched import piece_times, step_parts
 from vpp.perf.deployment import DeploymentCost
 from vpp.perf.ops import Parallel, embed_ops, head_ops, layer_ops
 from vpp.perf.runs import Setup
-from vpp.plan import make_layout, simulate, strategies
-from vpp.plan.shared_budget import shared_budget_stream
-from vpp.plan.workloads import Workload
+from vpp.schedules import make_layout, simulate, strategies
+from vpp.schedules.shared_budget import shared_budget_stream
+from vpp.schedules.workloads import Workload
 
 from tests.perf.archs import DEV, TINY_DSA, TINY_GQA, TINY_MLA
 
@@ -158,7 +158,7 @@ def test_batched_streams_run_faster_where_steps_are_shared():
 
 def test_dcpp_calibrates_on_the_batched_step_time(monkeypatch):
     from vpp.perf.runs import dcpp_chunking
-    from vpp.plan.dcpp import DcppPlanner, profiled_stages
+    from vpp.schedules.dcpp import DcppPlanner, profiled_stages
 
     seen = []
     observe = DcppPlanner.observe_step

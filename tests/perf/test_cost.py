@@ -8,7 +8,7 @@ from vpp.perf.deployment import DeploymentCost
 from vpp.perf.hardware import ASCEND_910C, get_device
 from vpp.perf.ops import Op, Parallel, embed_ops, head_ops, layer_ops
 from vpp.perf.runs import Setup, run
-from vpp.plan import make_layout
+from vpp.schedules import make_layout
 
 from tests.perf.archs import DEV, TINY_MLA
 

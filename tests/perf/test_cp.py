@@ -11,7 +11,7 @@ from vpp.perf.hardware import H100
 from vpp.perf.memory import layer_weight_bytes
 from vpp.perf.ops import Parallel, causal_pairs, layer_ops
 from vpp.perf.runs import Setup, run
-from vpp.plan import make_layout
+from vpp.schedules import make_layout
 
 from tests.perf.archs import DEV, TINY_GQA, TINY_MLA
 

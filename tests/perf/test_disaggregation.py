@@ -9,7 +9,7 @@ from vpp.perf.configs import get_arch
 from vpp.perf.disaggregation import decode_layer_ops, decode_step, handover, rank_hops
 from vpp.perf.hardware import ASCEND_910C
 from vpp.perf.ops import Parallel
-from vpp.plan import make_layout
+from vpp.schedules import make_layout
 
 
 @pytest.mark.parametrize("pp", [1, 2, 4])

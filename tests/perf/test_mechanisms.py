@@ -4,7 +4,7 @@ fit of the one new constant."""
 
 import pytest
 
-from vpp.bench.fit import fit_host_step
+from benchmarks.paper.fit import fit_host_step
 from vpp.perf.arch import Arch
 from vpp.perf.configs import get_config
 from vpp.perf.decompose import decompose
@@ -12,7 +12,7 @@ from vpp.perf.deployment import DeploymentCost
 from vpp.perf.hardware import ASCEND_910C
 from vpp.perf.ops import Parallel
 from vpp.perf.runs import Setup, run
-from vpp.plan import build_cpp, chunk_requests, make_layout, simulate
+from vpp.schedules import build_cpp, chunk_requests, make_layout, simulate
 
 from tests.perf.archs import DEV, TINY_MLA
 
@@ -64,8 +64,8 @@ def test_a_receive_is_posted_no_earlier_than_its_step_is_dispatched():
     communication is [1, 4] + [6, 9] (6 s, none of it beside a compute), rank 1's [0, 1.5] + [3.5, 4] +
     [5, 6.5] + [8.5, 9] (4 s); each rank computes 4 s of a 10 s makespan. With the post unclamped
     (``profiler-early``) rank 1's second receive runs from 3.5: 5 s."""
-    from vpp.plan import strategies
-    from vpp.plan.ir import Request
+    from vpp.schedules import strategies
+    from vpp.schedules.ir import Request
     plan = strategies.get("vpp-async").plan(make_layout("v", 4, 2), [Request(0, (10,)), Request(1, (10,))])
     trace = simulate(plan, UnitCost())
     row = decompose("x", plan, trace, UnitCost())

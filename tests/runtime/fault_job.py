@@ -19,7 +19,7 @@ import torch
 
 from vpp.models.toy import ToyStage
 from vpp.parallel import initialize_model_parallel, launch
-from vpp.plan import make_layout
+from vpp.schedules import make_layout
 from vpp.runtime import forward_prefill
 
 

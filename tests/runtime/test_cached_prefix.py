@@ -9,8 +9,8 @@ import torch
 
 from vpp.models.registry import open_model
 from vpp.parallel import ParallelGroups, initialize_model_parallel, run_distributed
-from vpp.plan import make_layout
-from vpp.plan.dcpp import DcppPlanner
+from vpp.schedules import make_layout
+from vpp.schedules.dcpp import DcppPlanner
 from vpp.runtime import Pipeline
 
 TOL = dict(atol=1e-5, rtol=1e-5)

@@ -13,7 +13,7 @@ import torch
 
 from vpp.models.toy import ToyStage
 from vpp.parallel import RankFailure, initialize_model_parallel, run_distributed
-from vpp.plan import make_layout
+from vpp.schedules import make_layout
 from vpp.runtime import ExecutionError, forward_prefill
 
 pytestmark = pytest.mark.slow  # every test here starts processes

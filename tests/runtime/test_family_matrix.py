@@ -14,7 +14,7 @@ import torch
 from vpp.models import build_stage, model_config, random_checkpoint
 from vpp.models.tiny import TINY_CONFIGS
 from vpp.parallel import ParallelGroups, initialize_model_parallel, run_distributed
-from vpp.plan import make_layout
+from vpp.schedules import make_layout
 from vpp.runtime.api import forward_prefill
 
 pytestmark = pytest.mark.slow  # every test here starts processes

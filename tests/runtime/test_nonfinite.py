@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vpp.plan.layout import make_layout
+from vpp.schedules.layout import make_layout
 from vpp.runtime.finite import FiniteWatch, NonFiniteError, check_logits, first_nonfinite, raise_nonfinite
 
 BAD_LAYER = 3  # tiny-deepseek, 6 layers: stage 1 on rank 1 holds it (V: layers [2, 4); loop: [3, 6))
@@ -34,7 +34,7 @@ def test_watch_and_first_stage():
 
 def test_check_report_fails_on_a_nan_difference(capsys):
     """`nan > atol` is false: the report must not count it as a pass."""
-    from vpp.bench.prefill_rounds import BenchConfig, Row
+    from vpp.cli.prefill_rounds import BenchConfig, Row
     from vpp.cli.prefill import report
     row = Row("vpp")
     row.max_abs_diff = float("nan")

@@ -7,7 +7,7 @@ from vpp.models import build_stage, model_config, random_checkpoint
 from vpp.models.tiny import TINY_CONFIGS
 from vpp.parallel.device import get_accelerator
 from vpp.parallel.groups import ParallelGroups
-from vpp.plan.ir import chunk_requests
+from vpp.schedules.ir import chunk_requests
 from vpp.runtime.pipeline import PLAN_CACHE, Pipeline
 
 

@@ -35,7 +35,7 @@ def _spawned(rank, world):
     from vpp.models import build_stage, model_config, random_checkpoint
     from vpp.models.tiny import TINY_CONFIGS
     from vpp.parallel import initialize_model_parallel
-    from vpp.plan.layout import make_layout
+    from vpp.schedules.layout import make_layout
     from vpp.runtime import Pipeline
 
     groups = initialize_model_parallel(1, 2)

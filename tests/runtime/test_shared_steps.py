@@ -8,8 +8,8 @@ import torch
 
 from vpp.models.registry import open_model
 from vpp.parallel import ParallelGroups, initialize_model_parallel, run_distributed
-from vpp.plan import make_layout
-from vpp.plan.shared_budget import shared_budget_stream
+from vpp.schedules import make_layout
+from vpp.schedules.shared_budget import shared_budget_stream
 from vpp.runtime.api import forward_prefill
 
 TOL = dict(atol=1e-5, rtol=1e-5)

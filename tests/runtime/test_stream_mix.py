@@ -15,8 +15,8 @@ import torch
 
 from vpp.models.registry import open_model
 from vpp.parallel import initialize_model_parallel, run_distributed
-from vpp.plan import make_layout
-from vpp.plan.shared_budget import shared_budget_stream
+from vpp.schedules import make_layout
+from vpp.schedules.shared_budget import shared_budget_stream
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.pipeline import Pipeline
 

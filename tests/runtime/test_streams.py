@@ -7,7 +7,7 @@ import torch
 
 from vpp.models.registry import open_model
 from vpp.parallel import ParallelGroups, initialize_model_parallel, run_distributed
-from vpp.plan import make_layout, request_done_times
+from vpp.schedules import make_layout, request_done_times
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import forward_dcpp_prefill, profile_planner
 

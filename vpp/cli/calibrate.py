@@ -4,7 +4,7 @@
                   [--out benchmarks/results/cpu_calibration.json]
 
 Then ``vpp tune --device cpu --calibration benchmarks/results/cpu_calibration.json ...`` (or
-``get_device("cpu", calibration=path)``) uses the timed constants. See :mod:`vpp.bench.calibrate`.
+``get_device("cpu", calibration=path)``) uses the timed constants. See :mod:`vpp.cli.calibration`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-from vpp.bench.calibrate import calibrate
+from vpp.cli.calibration import calibrate
 from vpp.cli.args import UsageError, positive_int, writable_dir, writable_file
 from vpp.safe_write import write_text
 

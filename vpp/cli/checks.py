@@ -13,7 +13,7 @@ def open_checked(spec: str, *, tp: int, pp: int, schedules, folds: int = 1, ep: 
     """The :class:`~vpp.models.registry.ModelSource` of ``spec`` once every layout the ``schedules``
     need is known to build on a (tp, pp, ep) grid; a :class:`UsageError` naming the problem
     otherwise."""
-    from vpp.bench.prefill_rounds import layout_for
+    from vpp.cli.prefill_rounds import layout_for
     from vpp.config import ConfigError
     from vpp.models.registry import BUILTIN, open_model
     from vpp.parallel.grid import GridSizes

@@ -12,9 +12,9 @@ text when the checkpoint has a tokenizer (as ids otherwise); ``--json`` prints o
 
 Prefill here, decode there: ``--decode-tp T [--decode-pp P]`` prefills on the first ``tp x pp``
 ranks with the chosen schedule, hands the request's caches over to the next ``T x P`` ranks (a
-loop layout; P defaults to 1) and decodes there (:mod:`vpp.runtime.disaggregated`); the JSON then
+loop layout; P defaults to 1) and decodes there (:mod:`vpp.kv.disaggregated`); the JSON then
 also has ``handover_s``. ``--save-kv DIR`` prefills, samples the first token and writes the caches
-to DIR (:mod:`vpp.runtime.kv_files` documents the layout); ``--load-kv DIR`` continues that request
+to DIR (:mod:`vpp.kv.files` documents the layout); ``--load-kv DIR`` continues that request
 on ``--tp x --pp`` ranks of any layout (the prompt and the first token come from DIR)::
 
     vpp generate --model DIR --tp 1 --pp 2 --schedule vpp-async --decode-tp 2 --max-new-tokens 12 --json
@@ -33,7 +33,7 @@ from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positi
 from vpp.cli.checks import open_checked
 from vpp.cli.memory_check import check_memory, check_positions
 from vpp.cli.terminal import setup_logging
-from vpp.plan import strategies
+from vpp.schedules import strategies
 
 
 
@@ -143,7 +143,7 @@ def check(args) -> None:
     if limit is not None and len(ids) + args.max_new_tokens > limit:
         raise UsageError(f"a prompt of {len(ids)} tokens plus --max-new-tokens {args.max_new_tokens} exceeds the "
                          f"model's {limit} positions")
-    from vpp.bench.prefill_rounds import layout_for
+    from vpp.cli.prefill_rounds import layout_for
     check_memory(model, {args.schedule: layout_for(model, args.schedule, args.pp)}, tp=args.tp,
                  tokens=len(ids) + args.max_new_tokens, chunk=args.chunk_size,
                  option=f" plus {args.max_new_tokens} new tokens")
@@ -161,7 +161,7 @@ def check(args) -> None:
 
 def _saved_request(directory: str) -> dict:
     """The prompt and tokens a --save-kv run recorded in ``directory`` (a UsageError if unreadable)."""
-    from vpp.runtime.kv_files import read_manifest
+    from vpp.kv.files import read_manifest
     try:
         extra = read_manifest(directory)["extra"]
         return dict(prompt_ids=[int(t) for t in extra["prompt_ids"]], generated=[int(t) for t in extra["generated"]],
@@ -268,7 +268,7 @@ def _disaggregated_worker(job: GenerateJob, has_tokenizer: bool):
     from vpp.models.registry import open_model
     from vpp.parallel.instances import initialize_disaggregated
     from vpp.runtime import Pipeline, profile_planner
-    from vpp.runtime.disaggregated import generate_disaggregated
+    from vpp.kv.disaggregated import generate_disaggregated
 
     link = initialize_disaggregated(job.tp, job.pp, job.decode_tp, job.decode_pp)
     model = open_model(job.model, dtype=job.dtype, device_kind=link.groups.accelerator.kind)
@@ -290,7 +290,7 @@ def _disaggregated_worker(job: GenerateJob, has_tokenizer: bool):
 def _save(pipe, job: GenerateJob, ids, chunking):
     """Prefill, sample the first token, write the caches to job.save_kv; a Generation of one token."""
     from vpp.runtime import Generation
-    from vpp.runtime.kv_files import save_cache
+    from vpp.kv.files import save_cache
 
     sampler = _sampler(job)
     out = pipe.prefill(ids, chunking, schedule=job.schedule)
@@ -308,7 +308,7 @@ def _load_worker(job: GenerateJob, has_tokenizer: bool):
     from vpp.models.registry import open_model
     from vpp.parallel import initialize_model_parallel
     from vpp.runtime import Generation, Pipeline
-    from vpp.runtime.kv_files import load_cache
+    from vpp.kv.files import load_cache
 
     groups = initialize_model_parallel(job.tp, job.pp)
     model = open_model(job.model, dtype=job.dtype, device_kind=groups.accelerator.kind)

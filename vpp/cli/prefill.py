@@ -26,16 +26,16 @@ from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positi
 from vpp.cli.checks import check_devices, open_checked
 from vpp.cli.memory_check import check_memory, check_positions
 from vpp.cli.terminal import progress_bar, setup_logging
-from vpp.plan import strategies
-from vpp.plan.dcpp import DEFAULT_VARIANT, VARIANTS
+from vpp.schedules import strategies
+from vpp.schedules.dcpp import DEFAULT_VARIANT, VARIANTS
 
 # The defaults are chosen to show the effect on a quiet 2-core machine in about two minutes (estimated
 # from the 12K-token run of benchmarks/results/measured.md: 181 s for 5 rounds of 3 schedules at ~10 s
 # each): tiny-deepseek, 8192 random tokens in 4 chunks of 2048, 5 interleaved rounds. With tau_k linear
 # in k, the V's gain over CPP is its shorter drain and fill, (tau_{N-1} - tau_0) / 2 of S + tau_{N-1}
-# (vpp.plan.drain_balance), so it is largest at few chunks whose cost grows most with the prefix: the
+# (vpp.schedules.drain_balance), so it is largest at few chunks whose cost grows most with the prefix: the
 # cost model gives VPP-Async 0.882 of CPP's makespan at 4 chunks of 2048, 0.903 at 8 of 1024 and 0.937
-# at 16 of 1024 (tests/bench/test_partition.py checks the order).
+# at 16 of 1024 (tests/models/test_partition.py checks the order).
 DEFAULT_SEQ_LEN = 8192
 DEFAULT_CHUNK = 2048
 DEFAULT_ROUNDS = 5
@@ -74,7 +74,7 @@ def add_arguments(p) -> None:
                    help="the first N prompt tokens are prefilled untimed first (their caches stay), then the "
                         "rest is timed as a prompt with a cached prefix")
     p.add_argument("--dcpp-mode", default=DEFAULT_VARIANT, choices=VARIANTS,
-                   help="--schedule dcpp: the engine (and commit) whose planner to reproduce, see vpp.plan.dcpp")
+                   help="--schedule dcpp: the engine (and commit) whose planner to reproduce, see vpp.schedules.dcpp")
     p.add_argument("--dcpp-min-chunk", type=positive_int, default=None,
                    help="--schedule dcpp: floor on a chunk (default: the mode's, e.g. vLLM-Ascend 4096 clamped "
                         "to the budget, which leaves no room to shrink below a 4096-token budget)")
@@ -134,7 +134,7 @@ def check(args) -> None:
                          f"prompt")
     checked = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
                            chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
-    from vpp.bench.prefill_rounds import layout_for
+    from vpp.cli.prefill_rounds import layout_for
     layouts = {s: layout_for(checked, s, args.pp, args.folds, chunk=args.chunk_size, seq_len=args.seq_len,
                              partition=args.partition) for s in args.schedules}
     args.memory_plan = check_memory(model, layouts, tp=args.tp, tokens=args.seq_len, chunk=args.chunk_size,
@@ -147,7 +147,7 @@ def check(args) -> None:
 
 
 def _config(args):
-    from vpp.bench.prefill_rounds import BenchConfig
+    from vpp.cli.prefill_rounds import BenchConfig
     return BenchConfig(model=args.model, tp=args.tp, pp=args.pp, seq_len=args.seq_len, chunk_size=args.chunk_size,
                        schedules=args.schedules, folds=args.folds, partition=args.partition, repeat=args.repeat,
                        warmup=not args.no_warmup, dtype=args.run_dtype, seed=args.seed,
@@ -160,7 +160,7 @@ def _config(args):
 def _worker(rank: int, world: int, cfg):
     setup_logging()
     from vpp.parallel import initialize_model_parallel
-    from vpp.bench.prefill_rounds import run_bench
+    from vpp.cli.prefill_rounds import run_bench
     groups = initialize_model_parallel(cfg.tp, cfg.pp)
     rows, facts = run_bench(groups, cfg)
     if groups.global_rank != 0:

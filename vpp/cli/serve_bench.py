@@ -11,8 +11,8 @@ from vpp.cli.args import UsageError, check_workload_options, int_list, positive_
 from vpp.cli.checks import open_checked
 from vpp.cli.memory_check import check_memory, check_positions
 from vpp.cli.terminal import setup_logging
-from vpp.plan import strategies
-from vpp.plan.dcpp import DEFAULT_VARIANT, VARIANTS
+from vpp.schedules import strategies
+from vpp.schedules.dcpp import DEFAULT_VARIANT, VARIANTS
 
 
 def add_arguments(p) -> None:
@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--timeout", type=positive_float, default=1800.0,
                    help="seconds before a stuck rank fails the run (also the process group's timeout)")
     p.add_argument("--dcpp-mode", default=DEFAULT_VARIANT, choices=VARIANTS,
-                   help="DCPP planner: the engine (and commit) it reproduces, see vpp.plan.dcpp")
+                   help="DCPP planner: the engine (and commit) it reproduces, see vpp.schedules.dcpp")
     p.add_argument("--dcpp-min-chunk", type=positive_int, default=None,
                    help="DCPP floor on a chunk (default: the mode's, e.g. vLLM-Ascend 4096 clamped to the budget)")
     p.add_argument("--shared-budget", action="store_true",
@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
 
 
 def check(args) -> None:
-    from vpp.bench.streams import StreamConfig, make_workload
+    from vpp.cli.stream_rounds import StreamConfig, make_workload
     try:
         contenders = strategies.parse(args.contenders, strategies.CONTENDERS)
     except ValueError as exc:
@@ -62,7 +62,7 @@ def check(args) -> None:
     schedules = [c for c in contenders if c != "gpipe"] or ["cpp"]
     model = open_checked(args.model, tp=1, pp=args.pp, schedules=schedules)
     check_positions(model.config, max(lengths), f"the longest prompt of the {args.workload} workload")
-    from vpp.bench.prefill_rounds import layout_for
+    from vpp.cli.prefill_rounds import layout_for
     check_memory(model, {s: layout_for(model, s, args.pp) for s in schedules}, tp=1, tokens=max(lengths),
                  chunk=args.chunk_size)
 
@@ -70,7 +70,7 @@ def check(args) -> None:
 def _worker(rank, world, cfg):
     setup_logging()
     from vpp.parallel import initialize_model_parallel
-    from vpp.bench.streams import run_stream_bench
+    from vpp.cli.stream_rounds import run_stream_bench
     groups = initialize_model_parallel(1, cfg.pp)
     out = run_stream_bench(groups, cfg)
     return out if groups.global_rank == 0 else None

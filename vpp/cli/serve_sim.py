@@ -9,7 +9,7 @@ Example::
 
 Lengths are the paper's divided by ``--scale``; ``--chunk-size`` is in scaled tokens (default 1024: the
 paper's 32K at scale 32). The cost model is this machine's per-layer law
-(:func:`vpp.bench.stream_sim.machine_cost`: the development machine's per-layer law).
+(:func:`vpp.schedules.runner.machine_cost`: the development machine's per-layer law).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 
 from vpp.cli.args import (UsageError, check_chunk_count, check_workload_options, nonnegative_int, positive_float,
                           positive_int)
-from vpp.plan.dcpp import DEFAULT_VARIANT, VARIANTS
+from vpp.schedules.dcpp import DEFAULT_VARIANT, VARIANTS
 
 WORKLOADS = ("long", "short", "mixed")
 
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=positive_int, default=8, help="model layers")
     parser.add_argument("--chunk-size", type=positive_int, default=1024, help="chunk size (DCPP: budget), scaled tokens")
     parser.add_argument("--dcpp-mode", "--dcpp", dest="dcpp", default=DEFAULT_VARIANT, choices=VARIANTS,
-                        help="DCPP planner: the engine (and commit) it reproduces, see vpp.plan.dcpp")
+                        help="DCPP planner: the engine (and commit) it reproduces, see vpp.schedules.dcpp")
     parser.add_argument("--dcpp-min-chunk", type=positive_int, default=None,
                         help="DCPP floor on a chunk, scaled tokens (default: the mode's, e.g. vLLM-Ascend 4096 "
                              "clamped to the budget, which leaves no room to shrink below a 4096-token budget)")
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def workload_from_args(args):
-    from vpp.plan import workloads as W
+    from vpp.schedules import workloads as W
 
     k = args.concurrency
     kw = {} if k is None else {"concurrency": None if k == 0 else k}
@@ -66,9 +66,9 @@ def workload_from_args(args):
 
 
 def check(args) -> None:
-    from vpp.bench.stream_sim import EXTRA, STRATEGIES
-    from vpp.plan import strategies as registry
-    from vpp.plan.layout import make_layout
+    from vpp.schedules.runner import EXTRA, STRATEGIES
+    from vpp.schedules import strategies as registry
+    from vpp.schedules.layout import make_layout
 
     try:
         args.strategy_names = registry.parse(args.strategies or STRATEGIES, STRATEGIES + EXTRA)
@@ -87,7 +87,7 @@ def check(args) -> None:
 
 
 def run(args) -> int:
-    from vpp.bench.stream_sim import StreamSetup, compare, format_effect, format_table, packing_effect
+    from vpp.schedules.runner import StreamSetup, compare, format_effect, format_table, packing_effect
 
     strategies = args.strategy_names
     workload = args.workload_obj

@@ -8,7 +8,7 @@ Example::
 
 CPP runs a loop layout (one stage per rank) of the same layers; VPP and VPP-Async run ``--layout``.
 The linear cost is the paper's Eq. 2 per layer (``--t`` seconds per layer for the first chunk, growing
-by ``--t`` per chunk of prefix); the flops cost is :class:`~vpp.plan.cost.FlopCost` with a
+by ``--t`` per chunk of prefix); the flops cost is :class:`~vpp.schedules.cost.FlopCost` with a
 generic 7B-class dense layer. Transfers move ``--hidden`` bf16 values per token over ``--bandwidth``.
 """
 
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args) -> None:
-    from vpp.plan.layout import make_layout
+    from vpp.schedules.layout import make_layout
 
     stages = args.pp * (1 if args.layout == "loop" else 2 * args.folds)
     check_chunk_count(args.seq_len, args.chunk_size, stages=stages)
@@ -58,7 +58,7 @@ def check(args) -> None:
 
 
 def _cost(args, layout):
-    from vpp.plan.cost import FlopCost, LinearCost, seconds_per_token
+    from vpp.schedules.cost import FlopCost, LinearCost, seconds_per_token
 
     comm = dict(latency=args.latency, seconds_per_token=seconds_per_token(args.hidden, bandwidth=args.bandwidth),
                 overlap=args.overlap)
@@ -69,11 +69,11 @@ def _cost(args, layout):
 
 
 def run(args) -> int:
-    from vpp.plan.builders import build_cpp, build_vpp, build_vpp_async
-    from vpp.plan.ir import chunk_requests
-    from vpp.plan.layout import make_layout
-    from vpp.plan.simulator import simulate
-    from vpp.plan.summary import format_summaries, summaries_json, summarize
+    from vpp.schedules.builders import build_cpp, build_vpp, build_vpp_async
+    from vpp.schedules.ir import chunk_requests
+    from vpp.schedules.layout import make_layout
+    from vpp.schedules.simulator import simulate
+    from vpp.schedules.summary import format_summaries, summaries_json, summarize
 
     stages = args.pp * (1 if args.layout == "loop" else 2 * args.folds)
     layers = args.layers or 4 * stages

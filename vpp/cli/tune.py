@@ -1,13 +1,14 @@
 """``vpp tune``: choose layout, folds, partition, chunk budget, chunking and context parallelism by
 simulation.
 
-    vpp tune --model deepseek-v3.1 --device 910c --length 524288 [--tp 8] [--pp 2] [--fit-paper] [--no-cp]
+    vpp tune --model deepseek-v3.1 --device 910c --length 524288 [--tp 8] [--pp 2] [--calibration benchmarks/results/paper_repro.json] [--no-cp]
 
 Prints the best configurations by predicted TTFT, with the memory per device and whether it fits, and the
 gain over the paper's best configuration (VPP-Async, V with one fold, best of 8K..32K). The tp x pp
 devices may also be regrouped for context parallelism (CP alone, or VPP-Async x CP; ``--no-cp`` turns
-that off). ``--fit-paper`` first fits the device constants on the paper's DeepSeek rows (as
-benchmarks/paper_repro.py does).
+that off). The presets hold datasheet constants; ``--calibration FILE`` replaces them with fitted ones: ``vpp
+calibrate``'s JSON for ``--device cpu``, or the paper study's fit on the 910C (``python -m benchmarks.paper_repro``
+writes it to ``benchmarks/results/paper_repro.json``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import json
 
 from vpp.cli.args import UsageError, check_chunk_count, int_list, positive_int, writable_file
 from vpp.safe_write import write_text
-from vpp.bench.sweep import fitted_setups, paper_setup
 from vpp.perf.hardware import get_device
+from vpp.perf.runs import paper_setup
 from vpp.perf.tune import PAPER_CHUNKS, paper_best, tune
 
 TUNE_MAX_COMPUTES = 32_768  # stage computes of one simulated configuration (4096 chunks on pp=2, 2 folds): ~3 min in all
@@ -26,14 +27,15 @@ TUNE_MAX_COMPUTES = 32_768  # stage computes of one simulated configuration (409
 def add_arguments(parser) -> None:
     parser.add_argument("--model", default="deepseek-v3.1", help="deepseek-v3.1, glm-5.2, qwen3-coder-30b-a3b or a config.json")
     parser.add_argument("--device", default="910c", help="910c, h100, h200 or cpu")
-    parser.add_argument("--calibration", default=None, help="calibration JSON for --device cpu (vpp calibrate)")
+    parser.add_argument("--calibration", default=None,
+                        help="fitted constants: vpp calibrate's JSON (--device cpu), or the paper study's fit "
+                             "(benchmarks/results/paper_repro.json, --device 910c)")
     parser.add_argument("--length", type=positive_int, default=524288, help="prompt tokens")
     parser.add_argument("--tp", type=positive_int, default=8, help="tensor-parallel degree of the deployment")
     parser.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks of the deployment")
     parser.add_argument("--chunks", type=int_list, default=PAPER_CHUNKS, help="comma-separated budgets")
     parser.add_argument("--max-folds", type=positive_int, default=2, help="largest number of V folds tried")
     parser.add_argument("--top", type=positive_int, default=10, help="rows to print")
-    parser.add_argument("--fit-paper", action="store_true", help="fit eff_attn/eff_link/host_step on the paper's rows")
     parser.add_argument("--no-cp", action="store_true", help="do not regroup the devices for context parallelism")
     parser.add_argument("--json", default=None, help="also write the ranking here")
 
@@ -53,8 +55,6 @@ def check(args) -> None:
 
 def run(args) -> int:
     device = args.device_obj
-    if args.fit_paper:
-        device = fitted_setups(device)[0]["deepseek-v3.1"].device
     setup = paper_setup(args.model, device, tp=args.tp, pp=args.pp)
     chunks = tuple(args.chunks)
     ranked = tune(setup, args.length, chunks=chunks, max_folds=args.max_folds, cp=not args.no_cp)

@@ -33,7 +33,7 @@ from vpp.transformer.attention import Batch, Chunk, RotaryEmbedding
 from vpp.transformer.basic import RMSNorm
 from vpp.parallel.groups import ParallelGroups
 from vpp.parallel.layers import ParallelLMHead, VocabParallelEmbedding
-from vpp.plan.kv_handover import shape_problem
+from vpp.transformer.attention.cache import shape_problem
 
 
 class Stage(nn.Module):
@@ -177,7 +177,7 @@ class Stage(nn.Module):
         """Every cache tensor this stage holds per request, named as :meth:`export_cache` names them:
         ``(dim, start, end, full)`` for a slice of the full tensor (GQA: this rank's KV heads along
         dim 0), None for a whole tensor (replicated over TP). What a hand-over to another layout plans
-        with (:mod:`vpp.plan.kv_handover`)."""
+        with (:mod:`vpp.kv.transfer_plan`)."""
         out = {}
         for i, layer in zip(range(*self.layer_range), self.model.layers.values()):
             cache = layer.self_attn.cache

@@ -16,7 +16,7 @@
 * :mod:`.runs` -- one strategy run (CPP, DCPP, VPP, VPP-Async, packing) of a :class:`.runs.Setup` (pp x cp x tp).
 * :mod:`.memory` -- weights, KV cache and peak activations per rank of a simulated schedule.
 * :mod:`.taper`, :mod:`.tune` -- the head/tail taper chunk planner and the auto-tuner (``vpp tune``).
-The fits, sweeps, paper-scale streams and comparisons live in :mod:`vpp.bench`.
+The fits, sweeps, paper-scale streams and comparisons are the paper study's (``benchmarks/paper/``, scripts).
 """
 
 from .arch import Arch

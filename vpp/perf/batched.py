@@ -15,7 +15,7 @@ For the pieces (t_i, L_i), i = 1..n, of one step on a stage, T = t_1 + ... + t_n
 * the per-call overhead (``device.step_overhead``) and, where the runner synchronises before the step
   (known by its lead piece's shape, as :mod:`vpp.perf.runs` records it), the launch stall, once.
 
-The plan keeps one COMPUTE per piece (:mod:`vpp.plan.steps`); :func:`piece_times` gives the pieces times
+The plan keeps one COMPUTE per piece (:mod:`vpp.schedules.steps`); :func:`piece_times` gives the pieces times
 that sum to the step's: piece i gets its own per-request work (less launches) plus a share t_i / T of
 the rest. Not on real ranks: the runtime runs one stage call per piece. Context parallelism is not
 modelled here (:class:`.cp.ContextParallelCost` shards a chunk's tokens over the ring).

@@ -207,7 +207,7 @@ def cp_weight_bytes(arch: Arch, layers, par: Parallel, cp: int, *, embed: bool, 
 def full_prefill(arch: Arch, device: Device, par: Parallel, cp: int, tokens: int, *, ring: str = "auto") -> float:
     """Seconds to prefill ``tokens`` in one forward (no chunking, no pipeline) on ``cp`` ring-attention
     ranks of ``par.tp`` devices each: the setting of Meta's context-parallelism measurements."""
-    from vpp.plan import make_layout
+    from vpp.schedules import make_layout
     cost = ContextParallelCost(arch, device, make_layout("loop", arch.layers, 1), par, cp=cp, ring=ring)
     return cost.compute(0, tokens, 0)
 

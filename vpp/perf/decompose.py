@@ -39,8 +39,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from vpp.plan import summarize
-from vpp.plan.ir import COMPUTE
+from vpp.schedules import summarize
+from vpp.schedules.ir import COMPUTE
 
 COMM_CATEGORIES = ("tp_comm", "cp_comm")
 STALL = "launch_stall"

@@ -1,6 +1,6 @@
 """The deployment cost model: a model's architecture on a device, split into stages by a layout.
 
-:class:`DeploymentCost` implements the simulator's cost protocol (:mod:`vpp.plan.cost`):
+:class:`DeploymentCost` implements the simulator's cost protocol (:mod:`vpp.schedules.cost`):
 
 * ``compute(stage, tokens, prefix)`` -- every op of the stage's layers (``layout.stage_layers``) for a
   chunk of ``tokens`` after ``prefix`` cached tokens, on one rank of the stage's TP group, including the
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 from functools import lru_cache
 
-from vpp.plan.cost import separate_calls
+from vpp.schedules.cost import separate_calls
 
 from . import batched
 from .arch import Arch
@@ -126,7 +126,7 @@ class DeploymentCost:
     def step_compute(self, stage: int, shapes) -> list[float]:
         """Seconds of each piece of one step shared by requests (``shapes``: the pieces' (tokens, prefix),
         lead first): with ``batched_steps`` the step is one forward whose time the pieces share
-        (:func:`.batched.piece_times`), else each piece is its own call (:func:`vpp.plan.cost.separate_calls`)."""
+        (:func:`.batched.piece_times`), else each piece is its own call (:func:`vpp.schedules.cost.separate_calls`)."""
         shapes = [(int(t), int(p)) for t, p in shapes]
         if self.batched_steps and len(shapes) > 1:
             return batched.piece_times(self, stage, shapes)
@@ -134,7 +134,7 @@ class DeploymentCost:
 
     def overhead(self, stage: int) -> float:
         """What a stage call pays whatever its tokens: ``device.step_overhead``, and ``host_step`` when
-        every call synchronises (a step shared by requests pays it once, :func:`vpp.plan.cost.step_overhead`)."""
+        every call synchronises (a step shared by requests pays it once, :func:`vpp.schedules.cost.step_overhead`)."""
         sync = self.sync_steps and self.device.host_step and self.sync_only is None
         return float(self.device.step_overhead or 0.0) + (float(self.device.host_step) if sync else 0.0)
 

@@ -13,7 +13,7 @@ An op's time is a roofline plus a launch cost::
 ``eff_attn`` for attention kernels and ``eff_matmul`` for GEMMs. ``host_step`` is host work per engine step,
 device idle only where the runner synchronises before a step (:mod:`.deployment`); a context-parallel ring
 runs on ``link_bw`` while its devices fit one node (``node_devices``), on ``cp_link_bw`` beyond. Every constant of a preset carries its
-source in ``sources``; "fitted" ones are set by :mod:`vpp.bench.fit` (on the paper's CPP rows only).
+source in ``sources``; "fitted" ones are set by :mod:`benchmarks.paper.fit` (on the paper's CPP rows only).
 """
 
 from __future__ import annotations
@@ -136,13 +136,15 @@ ASCEND_910C = Device(
                         "Hot Chips 2019); DeepSeek-V3.1/GLM-5.2 run W8A8 here (671B/744B in BF16 do not fit "
                         "16 x 64 GB), an assumption: the paper does not state the weight format",
         "eff_matmul": _ASSUMED_EFF + _VARIED, "eff_mem": _ASSUMED_EFF + _VARIED,
-        "eff_attn": "fitted on the paper's CPP 512K compute time (vpp.bench.fit)",
-        "eff_link": "fitted on the paper's CPP 512K exposed communication (vpp.bench.fit)",
+        "eff_attn": "fitted on the paper's CPP 512K compute time (benchmarks.paper.fit)",
+        "eff_link": "fitted on the paper's CPP 512K exposed communication (benchmarks.paper.fit)",
         "link_latency": "assumed 10 us per collective step (HCCL small-message latency order; no datasheet; halved "
                         "and doubled in benchmarks/results/paper_sensitivity.md)",
         "kernel_overhead": "assumed 10 us per kernel (torch_npu eager dispatch order; no datasheet; halved and doubled "
                            "in benchmarks/results/paper_sensitivity.md)",
-        "host_step": "fitted on the paper's DCPP launch stall, Table 2(c) (vpp.bench.fit); 0 until fitted",
+        "host_step": "fitted on the paper's DCPP launch stall, Table 2(c) (benchmarks.paper.fit); 0 until fitted",
+        "fit": "eff_attn 0.5 and eff_link 0.8 above are placeholders; the fitted values live with their fit, in "
+               "benchmarks/results/paper_repro.json ('fit'): pass that file as the calibration to use them",
     })
 
 _NV = {
@@ -181,15 +183,21 @@ PRESETS = {"ascend-910c": ASCEND_910C, "910c": ASCEND_910C, "h100": H100, "h200"
 
 
 def get_device(name: str, calibration: str | None = None) -> Device:
-    """A preset by name; for ``"cpu"`` the constants of a calibration JSON (``vpp calibrate``) if given."""
+    """A preset by name, with the constants of a calibration JSON if given: ``vpp calibrate``'s file for
+    ``"cpu"`` (its ``"device"``), or any file whose ``"fit"`` holds fitted constants (for instance
+    ``benchmarks/results/paper_repro.json``, the paper study's fit of ``eff_attn``, ``eff_link`` and
+    ``host_step`` on the 910C)."""
     key = name.lower()
     if key not in PRESETS:
         raise KeyError(f"unknown device {name!r}; presets: {sorted(PRESETS)}")
     dev = PRESETS[key]
-    if key == "cpu" and calibration:
+    if calibration:
         with open(calibration) as f:
             data = json.load(f)
-        dev = dev.replace(**{k: v for k, v in data.get("device", data).items() if k in _FIELDS})
+        if not isinstance(data, dict):
+            raise ValueError(f"{calibration}: not a calibration (a JSON object with 'device' or 'fit')")
+        constants = data.get("device", data.get("fit", data))
+        dev = dev.replace(**{k: v for k, v in constants.items() if k in _FIELDS and k not in ("name", "sources")})
     return dev
 
 

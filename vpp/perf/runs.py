@@ -12,14 +12,14 @@ calibration"), so the planner re-fits its history model from each step's measure
 (``vllm_ascend/worker/model_runner_v1.py``: ``if need_timing: self._sync_device()``), which exposes the
 host's per-step work as device idle (``Device.host_step``, booked as launch stall). ``dcpp_sync`` says
 which steps sync: ``"calibration"`` (default) the steps the planner times, i.e. while
-:attr:`vpp.plan.dcpp.DcppPlanner.timing` is on (vLLM-Ascend main switches ``need_timing`` off once its
+:attr:`vpp.schedules.dcpp.DcppPlanner.timing` is on (vLLM-Ascend main switches ``need_timing`` off once its
 target is reset from three prefix-free steps and its history model is fitted over steps 5..30: a single
 long request keeps timing, and syncing, on every step; a stream of prompts stops after its calibration);
 ``"every-step"`` every DCPP step (the model before issue 23). The synced steps are known by chunk shape
 ``(tokens, prefix)``: in a stream of equal prompts a later step of a timed shape is charged too (an
 overestimate there). ``cp`` > 1 spreads
 every stage over that many ring-attention ranks (:class:`.cp.ContextParallelCost`). ``shared_budget``
-makes a stream of prompts share one token budget per step (:mod:`vpp.plan.shared_budget`); DCPP then
+makes a stream of prompts share one token budget per step (:mod:`vpp.schedules.shared_budget`); DCPP then
 plans each step under vLLM-Ascend's shared time budget and, with ``dcpp_online``, observes each step's
 time (its pieces back to back on the profiled stages), syncing once per timed step. ``batched_steps``
 runs each shared step as one forward (:mod:`.batched`: the GEMMs, MoE, norms and TP collectives once on
@@ -32,14 +32,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import vpp.plan as sch
-from vpp.plan.dcpp import DcppPlanner, plan_online, profiled_stages, stage_measure
-from vpp.plan.shared_budget import shared_budget_stream
+import vpp.schedules as sch
+from vpp.schedules.dcpp import DcppPlanner, plan_online, profiled_stages, stage_measure
+from vpp.schedules.shared_budget import shared_budget_stream
 
 from .arch import Arch
 from .cp import ContextParallelCost
 from .deployment import DeploymentCost
 from .decompose import Row, decompose
+from .configs import canonical_name, get_config
 from .hardware import Device
 from .ops import Parallel, embed_ops, head_ops
 
@@ -59,7 +60,7 @@ class Setup:
     dcpp_online: bool = True     # vLLM-Ascend's need_timing (default on): online re-fit and a device sync per step
     dcpp_sync: str = "calibration"   # which DCPP steps sync: SYNC_MODES (see the module docstring)
     cp: int = 1                  # context-parallel ranks per stage (each a TP group of par.tp devices)
-    shared_budget: bool = False  # streams: one token budget per step shared by the requests (vpp.plan.shared_budget)
+    shared_budget: bool = False  # streams: one token budget per step shared by the requests (vpp.schedules.shared_budget)
     batched_steps: bool = False  # a shared step is one forward, attention per piece (vpp.perf.batched); else a call per piece
     packing_estimate: str = "cost"  # VPP + packing's window estimates: "cost" (this deployment) or "eq2" (Algorithm 2's law)
 
@@ -91,7 +92,7 @@ class Setup:
                               batched_steps=self.batched_steps)
 
     def balanced_layout(self, kind: str, chunk: int, prefix: int, folds: int = 1):
-        """A ``kind`` layout balanced per rank (:func:`vpp.plan.balance_ranks`) on this deployment's
+        """A ``kind`` layout balanced per rank (:func:`vpp.schedules.balance_ranks`) on this deployment's
         per-layer times for a ``chunk``-token chunk after ``prefix`` cached tokens, with the embedding and
         the head costed on the stages that hold them."""
         cost = self.cost(self.layout(kind, folds))
@@ -150,7 +151,7 @@ def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None
 
 def _shared_dcpp(setup: Setup, lengths, chunk: int, cost, stages, planner: DcppPlanner, arrivals,
                  concurrency: int | None = None) -> tuple[list, list]:
-    """DCPP under one shared token budget (:mod:`vpp.plan.shared_budget`, vLLM-Ascend #9900's shared
+    """DCPP under one shared token budget (:mod:`vpp.schedules.shared_budget`, vLLM-Ascend #9900's shared
     time budget): with ``dcpp_online`` the planner times each step (its pieces back to back, or with
     ``batched_steps`` the one forward) and re-fits from it; the device syncs once per timed step,
     before its first piece."""
@@ -186,4 +187,20 @@ def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = 
     return Run(decompose(name or strategy, plan, trace, cost), plan, trace, cost, list(reqs))
 
 
-__all__ = ["Run", "STRATEGIES", "SYNC_MODES", "Setup", "dcpp_chunking", "requests_for", "run"]
+# Weight formats: DeepSeek-V3.1 (671B) and GLM-5.2 (744B) do not fit 16 x 64 GB in BF16, so W8A8 (the
+# usual vLLM-Ascend format for them) is assumed; Qwen3-Coder-30B-A3B (61 GB in BF16) runs in BF16.
+WEIGHT_BYTES = {"deepseek-v3.1": 1, "glm-5.2": 1, "qwen3-coder-30b-a3b": 2}
+# KV cache: with a BF16 cache DeepSeek-V3.1 at 512K needs ~64.3 GB on its busiest NPU, over the 910C's
+# 64 GB, yet the paper ran it: an 8-bit cache (vLLM-Ascend's C8 with W8A8) is assumed for the W8A8 models.
+KV_BYTES = {"deepseek-v3.1": 1, "glm-5.2": 1, "qwen3-coder-30b-a3b": 2}
+MODELS = tuple(WEIGHT_BYTES)
+
+
+def paper_setup(model: str, device: Device, *, tp: int = 8, pp: int = 2) -> Setup:
+    model = canonical_name(model)
+    cfg = get_config(model)
+    par = Parallel(tp=tp, weight_bytes=WEIGHT_BYTES.get(model, 2), kv_bytes=KV_BYTES.get(model, 2))
+    return Setup(Arch.from_config(cfg, name=model), device, par, pp)
+
+
+__all__ = ["KV_BYTES", "MODELS", "Run", "WEIGHT_BYTES", "paper_setup", "STRATEGIES", "SYNC_MODES", "Setup", "dcpp_chunking", "requests_for", "run"]

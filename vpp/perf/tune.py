@@ -5,7 +5,7 @@ Search, for one deployment (model, device, tp x pp devices) and a prompt length:
 
 1. every layout kind (loop = CPP, fold-back V, Megatron interleaved) x folds (1..max_folds, 1 for loop)
    x partition (even; or balanced per rank on per-layer times at the middle of the prompt, embedding
-   and head costed, :func:`vpp.plan.balance_ranks`) x chunk budget x communication (blocking / async; a
+   and head costed, :func:`vpp.schedules.balance_ranks`) x chunk budget x communication (blocking / async; a
    loop runs CPP blocking and DCPP as its extra chunking), with fixed chunks;
 2. context parallelism on the same devices (``cp=True``): CP alone (one stage on cp ranks of tp x pp / cp
    devices each, chunks one after another) for every cp dividing the devices, and VPP-Async x CP (the
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import dataclasses
 
-import vpp.plan as sch
-from vpp.plan.ir import Request
+import vpp.schedules as sch
+from vpp.schedules.ir import Request
 
 from .cp import ContextParallelCost, cp_rank_memory
 from .decompose import decompose

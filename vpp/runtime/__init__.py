@@ -2,8 +2,14 @@
 the executor (the IR's interpreter on process groups), the start-up handshake, bounded waits (the
 watchdog), sampling, the public prefill calls and the runtime side of DCPP and of the GPipe reference.
 
+This is a model author's one import for running: the prefill calls (``forward_vpp_prefill``,
+``forward_cpp_prefill``, ``forward_dcpp_prefill``, ``forward_prefill``), ``Pipeline`` for an inference
+loop, and :func:`vpp.schedules.make_layout` (re-exported: the layout the calls run on).
+
 It knows the stage contract (:mod:`vpp.models.stage` documents it) but imports no model code.
 """
+
+from vpp.schedules import Layout, make_layout
 
 from .api import (PrefillOutput, build_schedule, forward_cpp_prefill, forward_prefill, forward_vpp_prefill,
                   gather_trace, infer_layout)
@@ -13,6 +19,6 @@ from .pipeline import Generation, Pipeline
 from .sampling import Sampler
 from .watchdog import ExecutionError
 
-__all__ = ["ExecutionError", "ExecutionResult", "Executor", "Generation", "Pipeline", "PrefillOutput", "Sampler",
+__all__ = ["ExecutionError", "Layout", "make_layout", "ExecutionResult", "Executor", "Generation", "Pipeline", "PrefillOutput", "Sampler",
            "build_schedule", "forward_cpp_prefill", "forward_dcpp_prefill", "forward_prefill", "forward_vpp_prefill",
            "gather_trace", "infer_layout", "profile_planner"]

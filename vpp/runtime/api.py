@@ -25,9 +25,9 @@ from typing import Sequence
 import torch
 
 from vpp.parallel.groups import ParallelGroups
-from vpp.plan import strategies
-from vpp.plan.ir import Plan, Request
-from vpp.plan.layout import Layout
+from vpp.schedules import strategies
+from vpp.schedules.ir import Plan, Request
+from vpp.schedules.layout import Layout
 
 from .inputs import Chunking
 from .layout_inference import check_stage_shapes, infer_layout
@@ -41,7 +41,7 @@ __all__ = ["PrefillOutput", "build_schedule", "check_stage_shapes", "forward_cpp
 
 def build_schedule(schedule: str, layout: Layout, requests: Sequence[Request], *,
                    concurrency: int | None = None) -> Plan:
-    """The plan of ``schedule``, one of :data:`vpp.plan.strategies.PLANNED` (see that table)."""
+    """The plan of ``schedule``, one of :data:`vpp.schedules.strategies.PLANNED` (see that table)."""
     return strategies.get(schedule, strategies.PLANNED).plan(layout, requests, concurrency=concurrency)
 
 

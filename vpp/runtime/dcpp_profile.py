@@ -2,8 +2,8 @@
 fitted planner, prefill with the chunk sizes it picks (through the CPP plan, so verifier, executor and
 traces apply unchanged).
 
-The engines profile single forwards of one pipeline rank at start-up (see :mod:`vpp.plan.dcpp`):
-vLLM-Ascend the output (last) rank, SGLang the first. :func:`vpp.plan.dcpp.profiled_rank` decides it,
+The engines profile single forwards of one pipeline rank at start-up (see :mod:`vpp.schedules.dcpp`):
+vLLM-Ascend the output (last) rank, SGLang the first. :func:`vpp.schedules.dcpp.profiled_rank` decides it,
 here and in the simulator alike. Every TP rank of that pipeline rank times its stages (the stages'
 collectives need them all); the fit of the lowest global rank among them is then shared with every
 rank, so that all derive the same chunk sizes (timings differ slightly between ranks, and different
@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from vpp.parallel.groups import ParallelGroups
 
-from vpp.plan.dcpp import DEFAULT_VARIANT, DcppPlanner, profiled_rank
+from vpp.schedules.dcpp import DEFAULT_VARIANT, DcppPlanner, profiled_rank
 
 from .inputs import is_count
 

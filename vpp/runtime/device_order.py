@@ -20,7 +20,7 @@ it; :class:`StreamOps` is the handful of primitives the executor uses there:
 
 Counters: ``host_transfer_waits`` (host waits on a transfer: a communicator's set-up, or the end of a
 run's sends), ``host_compute_waits`` (run-ahead bound), ``end_waits``. An emulated device
-(:mod:`.device_emulation`) implements the same primitives in virtual time.
+(:mod:`vpp.testing.emulated_run`) implements the same primitives in virtual time.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The executor: runs a :class:`~vpp.plan.ir.Plan` on real ranks with real stage modules.
+"""The executor: runs a :class:`~vpp.schedules.ir.Plan` on real ranks with real stage modules.
 
-It interprets the IR and nothing else (see :mod:`vpp.plan.ir` for the semantics of each action and of the
+It interprets the IR and nothing else (see :mod:`vpp.schedules.ir` for the semantics of each action and of the
 two communication modes). This rank runs ``plan.actions[pp_rank]`` in order:
 
 * ``F`` COMPUTE  -- stage ``s`` on chunk ``c`` of request ``q``: its input is the prompt slice (stage 0)
@@ -20,12 +20,12 @@ step's first compute splits into the pieces' inputs (views, no copy). Each piece
 call: a stage's KV caches are keyed by request and a call extends one request's cache, so a batched
 call would need a variable-length attention over several requests' caches; what the split costs is
 the stage call's fixed overhead per extra piece, which is what the simulator saves per piece
-(:func:`vpp.plan.cost.step_overhead`) only where the cost model states it (on these CPU ranks the
+(:func:`vpp.schedules.cost.step_overhead`) only where the cost model states it (on these CPU ranks the
 per-call overhead is tens of microseconds against milliseconds of compute). The paper-scale cost model
 can also price a shared step as one batched forward (``Setup.batched_steps``, :mod:`vpp.perf.batched`),
 which these ranks do not run.
 
-Request streams (see :mod:`vpp.plan.ir`): before stage 0 computes a request's first chunk, the executor sleeps
+Request streams (see :mod:`vpp.schedules.ir`): before stage 0 computes a request's first chunk, the executor sleeps
 until the request's arrival (seconds after the start barrier, the trace's origin) and, under a
 concurrency limit, until the gating request has finished. Where that request's last stage lives on
 another rank, the rank holding it posts a completion notice in the process group's store.
@@ -55,7 +55,7 @@ synchronisation after the run), and the KV caches of a request are reserved at i
 its first chunk (stages that offer ``reserve(request, tokens)``, an optional part of the stage
 contract), so they are allocated once.
 
-The executor records the simulator's trace format (:mod:`vpp.plan.trace`): compute spans, blocked send/recv
+The executor records the simulator's trace format (:mod:`vpp.schedules.trace`): compute spans, blocked send/recv
 spans, spans for posting non-blocking ops (gloo may move the data in the posting thread, so posting
 can take as long as the transfer), and the scheduling overhead (time spent in the interpreter outside
 compute and communication; on an accelerator "compute" there is the time to queue the kernels).
@@ -73,8 +73,8 @@ import torch
 from vpp.parallel.comm import irecv, isend
 from vpp.parallel.groups import ParallelGroups
 
-from vpp.plan.ir import COMPUTE, HANDOFF, RECV, SEND, Action, Plan
-from vpp.plan.trace import Span, Trace
+from vpp.schedules.ir import COMPUTE, HANDOFF, RECV, SEND, Action, Plan
+from vpp.schedules.trace import Span, Trace
 
 from .device_order import RUN_AHEAD_COMPUTES, stream_ops_for
 from .finite import FiniteWatch

@@ -14,7 +14,7 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import torch
 
-from vpp.plan.ir import Request, chunk_requests, is_count
+from vpp.schedules.ir import Request, chunk_requests, is_count
 
 Chunking = int | Sequence[Sequence[int]] | Callable[[int], Sequence[int]]
 

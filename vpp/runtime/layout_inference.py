@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from vpp.plan.layout import Layout, stage_ranks_for
+from vpp.schedules.layout import Layout, stage_ranks_for
 
 from . import handshake
 

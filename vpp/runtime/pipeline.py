@@ -27,10 +27,10 @@ import torch
 import torch.distributed as dist
 
 from vpp.parallel.groups import ParallelGroups
-from vpp.plan import strategies
-from vpp.plan.ir import Plan, Request
-from vpp.plan.layout import Layout
-from vpp.plan.verify import verify
+from vpp.schedules import strategies
+from vpp.schedules.ir import Plan, Request
+from vpp.schedules.layout import Layout
+from vpp.schedules.verify import verify
 
 from . import finite, handshake, inputs
 from .inputs import cached_counts, requests_for
@@ -64,7 +64,7 @@ class Generation:
     """The outcome of :meth:`Pipeline.generate`, the same on every rank: ``tokens`` per request (new
     tokens only), ``ttft_s`` (hand-over of the prompts to the first tokens known on every rank) and
     ``decode_s`` (the decode steps; per output token: ``decode_s / max(steps, 1)``); ``handover_s``:
-    the KV hand-over to a decode instance, when there was one (:mod:`.disaggregated`)."""
+    the KV hand-over to a decode instance, when there was one (:mod:`vpp.kv.disaggregated`)."""
 
     tokens: dict[Hashable, list[int]]
     ttft_s: float
@@ -123,7 +123,7 @@ class Pipeline:
         by an earlier prefill of them, or installed with :meth:`import_cache`); only the rest is
         chunked and computed, the full prompt is still given (its first N ids are not used). ``steps``:
         steps shared by several prompts, as lists of (prompt index, chunk) (e.g. from
-        :func:`vpp.plan.shared_budget.shared_budget_stream`), each moved as one message per hop."""
+        :func:`vpp.schedules.shared_budget.shared_budget_stream`), each moved as one message per hop."""
         self.check_usable()
         strategy = strategies.get(schedule, strategies.PLANNED)
         chunk_size = inputs.check_chunking(chunk_size)
@@ -325,7 +325,7 @@ class Pipeline:
 
     def import_cache(self, request: Hashable, tensors: dict[str, torch.Tensor]) -> None:
         """Install a request's caches exported by a pipeline of the same layout and TP rank (for another
-        layout: :func:`vpp.runtime.handover.hand_over`, or :mod:`vpp.runtime.kv_files` through a
+        layout: :func:`vpp.kv.handover.hand_over`, or :mod:`vpp.kv.files` through a
         directory)."""
         for stage in self.stages:
             start, end = stage.layer_range

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vpp.plan.ir import Plan
-from vpp.plan.trace import Trace
+from vpp.schedules.ir import Plan
+from vpp.schedules.trace import Trace
 
 from .executor import ExecutionResult
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from vpp.plan.trace import Span
+from vpp.schedules.trace import Span
 
 
 class ComputeTimer:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from vpp.parallel.groups import ParallelGroups
-from vpp.plan.ir import Plan
-from vpp.plan.trace import Trace
+from vpp.schedules.ir import Plan
+from vpp.schedules.trace import Trace
 
 from .executor import ExecutionResult
 from .watchdog import rendezvous

@@ -15,7 +15,7 @@ and up to 2x memory, never an error.
 
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Hashable, Sequence
 
 import torch
 
@@ -133,4 +133,20 @@ class RequestCache:
         return sum(b.nbytes for entry in entries for b in entry.values())
 
 
-__all__ = ["GrowingBuffer", "RequestCache"]
+
+def shape_problem(name: str, shape: Sequence[int], dtype: str, expected: Sequence[int | None], expected_dtype: str,
+                  *, sliced_dim: int | None = None) -> str | None:
+    """Why the cache tensor ``name`` of ``shape`` and ``dtype`` (a name: ``"float32"``) cannot become caches
+    whose shape is ``expected`` (None at the token dim) and dtype ``expected_dtype``, or None: another
+    model's (other widths, heads, dtype). ``sliced_dim``: a dim along which the two hold different
+    slices of the full tensor (not compared here: :func:`vpp.kv.transfer_plan.plan_transfers` checks the slicing)."""
+    dtype, expected_dtype = str(dtype).removeprefix("torch."), str(expected_dtype).removeprefix("torch.")
+    same = len(shape) == len(expected) and all(e is None or i == sliced_dim or int(n) == e
+                                               for i, (n, e) in enumerate(zip(shape, expected)))
+    if same and dtype == expected_dtype:
+        return None
+    want = ", ".join("tokens" if e is None else "any" if i == sliced_dim else str(e) for i, e in enumerate(expected))
+    got = ", ".join(str(int(n)) for n in shape)
+    return f"{name} is [{got}] {dtype}, but its caches here are [{want}] {expected_dtype}"
+
+__all__ = ["shape_problem", "GrowingBuffer", "RequestCache"]

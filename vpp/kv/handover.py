@@ -1,0 +1,270 @@
+"""Handing prefilled requests from the prefill instance to the decode instance of another layout.
+
+After a prefill on PP_p x TP_p ranks, :func:`hand_over` moves requests' caches to the ranks of a
+decode instance (PP_d x TP_d; any layer split, any TP size that divides the heads) of the same world
+(:mod:`vpp.parallel.instances`). Every rank of both instances calls it with its own
+:class:`~vpp.runtime.pipeline.Pipeline`:
+
+1. one exchange over the world: each rank says which cache tensors it holds (prefill: every tensor
+   of its stages' layers, with shapes and dtype per request) or needs (decode: its layers, its KV
+   heads, with the shapes and dtype its model caches: ``stage.cache_shapes()``), from
+   ``stage.cache_slices()``; the prefill instance's first rank adds a small ``payload`` (the tokens
+   sampled so far, a sampler's state). Another model on the decode instance (layers, cache tensors,
+   widths, heads, dtype) or a request it already holds is refused here, the same on every rank
+   (:func:`compatibility_problem`), before any byte moves;
+2. the same pure plan on every rank (:func:`vpp.kv.transfer_plan.plan_transfers`): each slice a
+   decode rank needs comes from exactly one prefill rank, every byte once;
+3. point to point over the world: prefill ranks only send, decode ranks only receive (no rank both
+   sends and receives, so posting everything at once cannot deadlock on gloo), in plan order on both
+   sides; every wait is bounded by a :class:`~vpp.runtime.watchdog.Watchdog` naming the peer;
+4. decode ranks install the received tensors as the requests' caches (``stage.import_cache``, sized
+   for ``reserve`` more tokens) and prefill ranks free theirs (``release``).
+
+Decoding then continues on the decode pipeline exactly as it would have on the prefill's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from vpp.parallel.instances import Disaggregation
+from vpp.kv.transfer_plan import Holding, Piece, Transfer, plan_transfers
+from vpp.transformer.attention.cache import shape_problem
+
+from vpp.runtime.watchdog import Watchdog, rendezvous
+
+
+@dataclass(frozen=True)
+class HandoverInfo:
+    """What one rank tells the others before a hand-over."""
+
+    global_rank: int
+    role: str
+    pieces: tuple[Piece, ...]
+    shapes: dict = field(default_factory=dict)  # request -> name -> (shape, dtype), on prefill ranks
+    tokens: dict = field(default_factory=dict)  # request -> cached tokens, on prefill ranks
+    payload: Any = None
+    run_key: str = ""
+    problem: str | None = None
+    num_layers: int = 0  # of the rank's model (its pipeline's layout)
+    expects: dict = field(default_factory=dict)  # name -> (shape, None at the token dim; dtype), on decode ranks
+    held: tuple = ()  # requests holding caches on this rank, on decode ranks
+
+
+@dataclass
+class HandoverReport:
+    """One rank's view of a hand-over: bytes it sent and received, the bytes of the caches it holds
+    for the requests afterwards (decode ranks: what it received; tokens x bytes per token, not the
+    allocation), the wall time on this rank (``seconds``: the exchange included; ``transfer_s``: from
+    the plan to the caches installed) and the prefill side's ``payload``."""
+
+    requests: list
+    tokens: dict
+    bytes_sent: int
+    bytes_received: int
+    cache_bytes: int
+    seconds: float
+    payload: Any
+    transfers: int
+    transfer_s: float = 0.0
+
+
+def pieces_of(stages: Sequence[torch.nn.Module]) -> tuple[Piece, ...]:
+    """The cache tensors ``stages`` hold per request, as plan pieces (from ``stage.cache_slices()``)."""
+    out = []
+    for stage in stages:
+        for name, sl in stage.cache_slices().items():
+            out.append(Piece.whole(name) if sl is None else Piece(name, *sl))
+    return tuple(out)
+
+
+def cache_shapes_of(stages: Sequence[torch.nn.Module]) -> dict:
+    """Name -> (shape with None at the token dim, dtype name) of every cache tensor ``stages`` hold."""
+    out = {}
+    for stage in stages:
+        out.update(stage.cache_shapes())
+    return out
+
+
+def compatibility_problem(prefill_ranks: Sequence[int], decode_ranks: Sequence[int], by_rank: dict) -> str | None:
+    """Why the prefill instance's caches cannot become the decode instance's, or None: the same on every
+    rank (it reads only the exchanged :class:`HandoverInfo`). Another model on the decode instance (its
+    layer count, its cache tensors, their widths, heads or dtype) would decode garbage, or fail on the
+    decode ranks alone after the prefill ranks freed the caches; a request the decode instance already
+    holds (handed over twice) could not be installed."""
+    first, decode = by_rank[prefill_ranks[0]], by_rank[decode_ranks[0]]
+    for r in prefill_ranks:
+        if by_rank[r].tokens != first.tokens:
+            return (f"the prefill ranks disagree on the requests to hand over (request -> cached tokens): global rank "
+                    f"{prefill_ranks[0]} gives {first.tokens}, global rank {r} {by_rank[r].tokens}")
+    if first.num_layers != decode.num_layers:
+        return (f"the decode instance's model has {decode.num_layers} layers, the prefill instance's "
+                f"{first.num_layers}: a KV hand-over needs the same model on both")
+    held = {p.name for r in prefill_ranks for p in by_rank[r].pieces}
+    needed = {p.name for r in decode_ranks for p in by_rank[r].pieces}
+    if held != needed:
+        extra, missing = sorted(held - needed), sorted(needed - held)
+        return (f"the decode instance's model needs {len(missing)} cache tensors the prefill instance does not hold "
+                f"{missing[:2]} and not {len(extra)} that it holds {extra[:2]}: a KV hand-over needs the same "
+                f"model on both")
+    for q in first.tokens:
+        shapes = {}
+        for r in prefill_ranks:
+            shapes.update(by_rank[r].shapes[q])
+        for r in decode_ranks:
+            info = by_rank[r]
+            if q in info.held:
+                return (f"request {q!r} already holds caches on the decode instance (global rank {r}): release it "
+                        f"there before handing it over again")
+            dims = {p.name: p.dim for p in info.pieces}
+            for name in sorted(info.expects):
+                problem = shape_problem(name, *shapes[name], *info.expects[name], sliced_dim=dims[name])
+                if problem:
+                    return (f"request {q!r} cannot go to global rank {r} (decode): {problem}; a KV hand-over needs "
+                            f"the same model on both instances")
+    return None
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name.replace("torch.", ""))
+
+
+def local_caches(pipe, request: Hashable) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for stage in pipe.stages:
+        out.update(stage.export_cache(request, copy=False))
+    return out
+
+
+@torch.inference_mode()
+def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *, payload: Any = None,
+              reserve: int = 0, release: bool = True, timeout_s: float | None = None,
+              problem: str | None = None) -> HandoverReport:
+    """Move ``requests``' caches from the prefill instance's ranks to the decode instance's (see the
+    module docstring); a collective over the whole world. ``pipe`` is this rank's pipeline (prefill or
+    decode); ``requests`` are given on the prefill ranks (decode ranks may pass None and learn them in
+    the exchange). ``reserve``: tokens each request will still append on the decode side (its caches are
+    sized for them once). Returns this rank's :class:`HandoverReport`; on every rank ``payload`` is
+    the one given on the prefill instance's first rank. ``problem``: an error this rank met before
+    (a failed prefill), raised as the same ValueError on every rank after the exchange."""
+    timeout_s = pipe.timeout_s if timeout_s is None else timeout_s
+    start = time.perf_counter()
+    me, sending = link.groups.global_rank, link.is_prefill
+    if problem is None and pipe.stopped is not None:  # told to every rank in the exchange
+        problem = f"global rank {me} cannot hand over: {pipe.stopped}; start the ranks anew"
+    shapes, counts = {}, {}
+    if sending and problem is None:
+        if requests is None:
+            problem = f"global rank {me}: a prefill rank must name the requests to hand over"
+        for q in requests or ():
+            local = local_caches(pipe, q)
+            if not local:
+                problem = problem or f"global rank {me}: request {q!r} has no caches on this prefill rank to hand over"
+                continue
+            shapes[q] = {n: (tuple(t.shape), str(t.dtype)) for n, t in local.items()}
+            counts[q] = pipe.stages[0].cache_length(q)
+    mine = HandoverInfo(me, link.role, pieces_of(pipe.stages), shapes, counts,
+                        payload if me == link.prefill_ranks[0] else None, os.urandom(8).hex(), problem,
+                        pipe.layout.num_layers, {} if sending else cache_shapes_of(pipe.stages),
+                        () if sending else tuple({q for st in pipe.stages for q in st.requests()}))
+    world = link.prefill_ranks + link.decode_ranks
+    rendezvous("the KV hand-over's exchange", me, world, timeout_s=timeout_s)
+    infos: list[Any] = [None] * len(world)
+    dist.all_gather_object(infos, mine)
+    by_rank = {i.global_rank: i for i in infos}
+    problem = (next((i.problem for i in infos if i.problem), None)
+               or compatibility_problem(link.prefill_ranks, link.decode_ranks, by_rank))
+    if problem:  # the same on every rank, before any transfer
+        raise ValueError(problem)
+    requests = list(by_rank[link.prefill_ranks[0]].tokens)
+    sources = [Holding(r, by_rank[r].pieces) for r in link.prefill_ranks]
+    destinations = [Holding(r, by_rank[r].pieces) for r in link.decode_ranks]
+    plan = plan_transfers(sources, destinations)
+    watchdog = Watchdog(f"{by_rank[link.prefill_ranks[0]].run_key}/handover", me, timeout_s=timeout_s,
+                        pollable=link.groups.accelerator.backend != "gloo", global_ranks=tuple(range(len(world))),
+                        label="global rank")
+    sent = received = held = 0
+    tokens = {}
+    moving = time.perf_counter()
+    try:
+        for q in requests:
+            q_shapes = {}
+            for r in link.prefill_ranks:  # every tensor's shape, from the rank(s) holding it
+                q_shapes.update(by_rank[r].shapes[q])
+            tokens[q] = by_rank[link.prefill_ranks[0]].tokens[q]
+            if sending:
+                sent += _send(pipe, q, plan, me, watchdog)
+                if release:
+                    pipe.release(q)
+            elif any(t.dst == me for t in plan):
+                tensors = _receive(q, plan, me, by_rank[me].pieces, q_shapes, link.groups.device, watchdog)
+                received += sum(t.nbytes for t in tensors.values())
+                held += sum(t.nbytes for t in tensors.values())
+                install_caches(pipe, q, tensors, tokens[q] + reserve)
+    except BaseException as exc:
+        watchdog.notify_failure(f"global rank {me} ({link.role}) raised {type(exc).__name__}: {exc} in the KV hand-over",
+                                me if getattr(exc, "global_rank", None) is None else exc.global_rank)
+        pipe.stop(exc, "KV hand-over")
+        raise
+    finally:
+        watchdog.close()
+    end = time.perf_counter()
+    return HandoverReport(requests, tokens, sent, received, held, end - start, by_rank[link.prefill_ranks[0]].payload,
+                          len(plan), end - moving)
+
+
+def _send(pipe, request: Hashable, plan: list[Transfer], me: int, watchdog: Watchdog) -> int:
+    local = local_caches(pipe, request)
+    works, nbytes = [], 0
+    for t in plan:
+        if t.src != me:
+            continue
+        x = local[t.name] if t.dim is None else local[t.name].narrow(t.dim, t.src_offset, t.length)
+        x = x.contiguous()
+        nbytes += x.nbytes
+        works.append((dist.isend(x, dst=t.dst), t, x))
+    for work, t, _ in works:
+        watchdog.wait(work, f"sending {t.name} of request {request!r} to global rank {t.dst}", t.dst)
+    return nbytes
+
+
+def _receive(request: Hashable, plan: list[Transfer], me: int, needs: tuple[Piece, ...], shapes: dict,
+             device: torch.device, watchdog: Watchdog) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for p in needs:
+        shape, dtype = shapes[p.name]
+        shape = list(shape)
+        if p.dim is not None:
+            shape[p.dim] = p.end - p.start
+        tensors[p.name] = torch.empty(shape, dtype=_dtype(dtype), device=device)
+    works = []
+    for t in plan:
+        if t.dst != me:
+            continue
+        full = tensors[t.name]
+        view = full if t.dim is None else full.narrow(t.dim, t.dst_offset, t.length)
+        buf = view if view.is_contiguous() else torch.empty_like(view, memory_format=torch.contiguous_format)
+        works.append((dist.irecv(buf, src=t.src), t, view, buf))
+    for work, t, view, buf in works:
+        watchdog.wait(work, f"receiving {t.name} of request {request!r} from global rank {t.src}", t.src)
+        if buf is not view:
+            view.copy_(buf)
+    return tensors
+
+
+def install_caches(pipe, request: Hashable, tensors: dict[str, torch.Tensor], tokens: int) -> None:
+    """Size ``request``'s caches on this rank's stages for ``tokens`` tokens, then import them."""
+    for stage in pipe.stages:
+        stage.reserve(request, tokens)
+        start, end = stage.layer_range
+        stage.import_cache(request, {k: v for k, v in tensors.items() if start <= int(k.split(".")[2]) < end})
+
+
+__all__ = ["HandoverInfo", "HandoverReport", "cache_shapes_of", "compatibility_problem", "hand_over", "install_caches",
+           "local_caches", "pieces_of"]

@@ -1,0 +1,297 @@
+"""An emulated device on CPU that enforces NCCL's ordering rules in virtual time, for running the real
+executor's stream-ordered path (:mod:`vpp.runtime.device_order`) where no accelerator is (:mod:`.emulated_run`
+runs it). Nothing runs on a real device: every enqueued operation becomes a node with dependencies, and
+its start and end are resolved in virtual seconds as soon as its dependencies are.
+
+The rules (those of CUDA streams and ProcessGroupNCCL):
+
+* **streams run in order.** A rank has one compute stream (the current stream) and one stream per pair
+  communicator (a (channel, lower rank, higher rank) triple, as ProcessGroupNCCL keys its p2p
+  communicators); an operation starts after the previous one on its stream has ended.
+* **a point-to-point op waits for the issuing stream's earlier work** (ProcessGroupNCCL's
+  ``syncStream``): it depends on the compute stream's last operation at the moment it was posted.
+* **a transfer is a rendezvous:** the k-th send on (channel, src, dst) matches the k-th receive; both
+  start when both sides are ready and end ``cost.transfer(tokens)`` later.
+* **the first op on a pair communicator blocks the host** until the peer posts its counterpart (lazy
+  communicator set-up): a host-blocking wait on a transfer, unless the pair was warmed.
+* **a received tensor is usable only after its op completes:** a compute whose input is a receive
+  buffer raises :class:`EmulationError` unless the receive is ordered before it on the device (a
+  ``Work.wait()`` reaches it through the compute stream's dependencies) or the host has waited for it.
+* **compute takes the cost model's time:** stage ``s`` on ``tokens`` tokens after ``prefix`` takes
+  ``cost.compute(s, tokens, prefix)`` (a :mod:`vpp.schedules.cost` model).
+* **the host's clock** advances only when it waits for the device (:meth:`EmulatedOps.host_wait`); an
+  operation cannot start before the host time at which it was enqueued. Host work itself is free.
+
+``Work.is_completed()`` and ``Event.query()`` answer against the asking rank's host clock (the op has
+ended in virtual time at or before it).
+
+Counters (per rank): ``host_transfer_waits`` -- the host blocked on a transfer (communicator set-up, or
+a host-side wait for a Work); ``host_compute_waits`` -- the run-ahead bound; ``end_waits``. Measures of
+the timeline: the makespan, and ``recv_overlap``, the fraction of all receives' transfer time during
+which the receiving rank's compute stream was busy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+class EmulationError(RuntimeError):
+    """An operation broke one of NCCL's rules, or the emulated ranks could not progress."""
+
+
+@dataclass(eq=False)
+class _Op:
+    rank: int
+    kind: str  # "compute" | "send" | "recv" | "marker"
+    label: str
+    deps: list
+    earliest: float  # host time at enqueue
+    duration: float = 0.0
+    peer_op: "_Op | None" = None  # the other end of a transfer, once matched
+    stage: int | None = None  # of a compute
+    start: float | None = None
+    end: float | None = None
+
+
+class _Work:
+    """What ``dist.isend``/``irecv`` return on NCCL, emulated: ``wait()`` orders the current stream."""
+
+    def __init__(self, device: "EmulatedDevice", op: _Op):
+        self.device, self.op = device, op
+
+    def wait(self) -> bool:
+        self.device.order_after(self.op.rank, self.op)
+        return True
+
+    def is_completed(self) -> bool:
+        return self.device.is_done(self.op.rank, self.op)
+
+
+class _Event:
+    def __init__(self, device: "EmulatedDevice", op: _Op):
+        self.device, self.op = device, op
+
+    def query(self) -> bool:
+        return self.device.is_done(self.op.rank, self.op)
+
+
+@dataclass
+class RankCounters:
+    host_transfer_waits: int = 0
+    host_compute_waits: int = 0
+    end_waits: int = 0
+
+
+class EmulatedDevice:
+    """The shared timeline of ``num_ranks`` emulated ranks (see the module docstring)."""
+
+    def __init__(self, num_ranks: int, cost, *, timeout_s: float = 60.0):
+        self.n, self.cost, self.timeout_s = num_ranks, cost, timeout_s
+        self.cond = threading.Condition()
+        self.host = [0.0] * num_ranks
+        self.tail: dict = {}  # stream -> its last op
+        self.posted: dict = {}  # (channel, src, dst) -> {"send": [ops], "recv": [ops]}
+        self.tensors: dict = {}  # op -> (send tensor or receive buffer)
+        self.producer: dict[int, tuple] = {}  # id(tensor) -> (tensor, op): receive buffers
+        self.ops: list[_Op] = []
+        self.unresolved: list[_Op] = []
+        self.warmed: set = set()
+        self.arrived: dict = {}  # pair communicator -> {rank: host time} while it is being set up
+        self.counters = [RankCounters() for _ in range(num_ranks)]
+        self.origin = 0.0
+
+    # --- enqueueing ---------------------------------------------------------------------------------
+
+    def _enqueue(self, rank: int, stream, kind: str, label: str, deps: list, duration: float = 0.0) -> _Op:
+        prev = self.tail.get(stream)
+        op = _Op(rank, kind, label, [d for d in [prev, *deps] if d is not None], self.host[rank], duration)
+        self.tail[stream] = op
+        self.ops.append(op)
+        self.unresolved.append(op)
+        return op
+
+    def compute(self, rank: int, label: str, duration: float, inputs=(), stage: int | None = None) -> _Op:
+        with self.cond:
+            for x in inputs:
+                entry = self.producer.get(id(x))
+                if entry is not None and entry[0] is x and not self._ordered_before(rank, entry[1]):
+                    raise EmulationError(f"rank {rank}: {label} reads the buffer of {entry[1].label} before that "
+                                         f"receive is ordered before it (no Work.wait() on the current stream, "
+                                         f"no host wait)")
+            op = self._enqueue(rank, ("compute", rank), "compute", label, [], duration)
+            op.stage = stage
+            self._resolve()
+            return op
+
+    def marker(self, rank: int, label: str, after: _Op | None = None) -> _Op:
+        """A zero-time op on the compute stream (an event record, or a wait on ``after``)."""
+        with self.cond:
+            op = self._enqueue(rank, ("compute", rank), "marker", label, [after] if after is not None else [])
+            self._resolve()
+            return op
+
+    def order_after(self, rank: int, op: _Op) -> None:
+        self.marker(rank, f"wait({op.label})", op)
+
+    def post(self, rank: int, kind: str, tensor: torch.Tensor, peer: int, channel: str, label: str) -> _Work:
+        src, dst = (rank, peer) if kind == "send" else (peer, rank)
+        comm = (channel, min(src, dst), max(src, dst))
+        with self.cond:
+            if comm not in self.warmed:
+                self._set_up(rank, comm)
+            op = self._enqueue(rank, ("comm", rank, comm), kind, label, [self.tail.get(("compute", rank))])
+            ends = self.posted.setdefault((channel, src, dst), {"send": [], "recv": []})
+            ends[kind].append(op)
+            self.tensors[op] = tensor
+            if kind == "recv":
+                self.producer[id(tensor)] = (tensor, op)
+            k = len(ends[kind]) - 1
+            other = ends["recv" if kind == "send" else "send"]
+            if k < len(other):
+                self._match(ends["send"][k], ends["recv"][k])
+            self._resolve()
+            self.cond.notify_all()
+            return _Work(self, op)
+
+    def _set_up(self, rank: int, comm) -> None:
+        """Lazy communicator set-up: the host blocks until the peer reaches the same communicator."""
+        arrived = self.arrived.setdefault(comm, {})
+        arrived[rank] = self.host[rank]
+        self.cond.notify_all()
+        deadline = time.monotonic() + self.timeout_s
+        while len(arrived) < 2:
+            if time.monotonic() > deadline:
+                raise EmulationError(f"rank {rank} waited {self.timeout_s:g}s to set up communicator {comm}")
+            self.cond.wait(0.05)
+        self.host[rank] = max(arrived.values())
+        self.counters[rank].host_transfer_waits += 1
+        self.warmed.add(comm)
+
+    def _match(self, send: _Op, recv: _Op) -> None:
+        x, buf = self.tensors[send], self.tensors[recv]
+        if x.shape != buf.shape or x.dtype != buf.dtype:
+            raise EmulationError(f"{send.label} sends {tuple(x.shape)} {x.dtype} but {recv.label} receives "
+                                 f"{tuple(buf.shape)} {buf.dtype}")
+        buf.copy_(x)
+        duration = float(self.cost.transfer(int(x.shape[0]) if x.dim() else 1))
+        send.peer_op, recv.peer_op = recv, send
+        send.duration = recv.duration = duration
+
+    # --- resolving times ----------------------------------------------------------------------------
+
+    def _ready(self, op: _Op) -> float | None:
+        if any(d.end is None for d in op.deps):
+            return None
+        return max([op.earliest, *(d.end for d in op.deps)])
+
+    def _resolve(self) -> None:
+        progress = True
+        while progress:
+            progress = False
+            for op in list(self.unresolved):
+                if op.end is not None:
+                    self.unresolved.remove(op)
+                    continue
+                ready = self._ready(op)
+                if ready is None:
+                    continue
+                if op.kind in ("send", "recv"):
+                    other = op.peer_op
+                    other_ready = None if other is None else self._ready(other)
+                    if other_ready is None:
+                        continue
+                    start = max(ready, other_ready)
+                    for o in (op, other):
+                        o.start, o.end = start, start + op.duration
+                else:
+                    op.start, op.end = ready, ready + op.duration
+                self.unresolved.remove(op)
+                progress = True
+        self.cond.notify_all()
+
+    def _ordered_before(self, rank: int, target: _Op) -> bool:
+        if target.end is not None and target.end <= self.host[rank]:
+            return True
+        stack, seen = [self.tail.get(("compute", rank))], set()
+        while stack:
+            op = stack.pop()
+            if op is None or id(op) in seen:
+                continue
+            if op is target:
+                return True
+            seen.add(id(op))
+            stack.extend(op.deps)
+        return False
+
+    # --- the host -----------------------------------------------------------------------------------
+
+    def is_done(self, rank: int, op: _Op) -> bool:
+        with self.cond:
+            return op.end is not None and op.end <= self.host[rank]
+
+    def host_wait(self, rank: int, op: _Op, check, counter: str) -> None:
+        """The host of ``rank`` blocks until ``op`` has ended (its clock moves to the end)."""
+        deadline = time.monotonic() + self.timeout_s
+        with self.cond:
+            setattr(self.counters[rank], counter, getattr(self.counters[rank], counter) + 1)
+            while op.end is None:
+                check()
+                if time.monotonic() > deadline:
+                    raise EmulationError(f"rank {rank} waited {self.timeout_s:g}s for {op.label}, which never ran")
+                self.cond.wait(0.02)
+            self.host[rank] = max(self.host[rank], op.end)
+
+    def start_epoch(self) -> None:
+        """After a warm-up: move every clock to the end of all work so far and zero the counters."""
+        with self.cond:
+            if self.unresolved:
+                raise EmulationError(f"{len(self.unresolved)} operations unresolved at the start of an epoch")
+            self.origin = max([0.0, *self.host, *(op.end for op in self.ops)])
+            self.host = [self.origin] * self.n
+            self.counters = [RankCounters() for _ in range(self.n)]
+            self.ops = []
+            self.tail = {k: self.marker_at(k) for k in self.tail}
+
+    def marker_at(self, stream) -> _Op:
+        op = _Op(stream[1], "marker", "epoch", [], self.origin)
+        op.start = op.end = self.origin
+        return op
+
+    # --- measures -----------------------------------------------------------------------------------
+
+    def makespan(self) -> float:
+        return max([self.origin, *(op.end for op in self.ops)]) - self.origin
+
+    def steady_window(self) -> tuple[float, float]:
+        """The pipeline's steady state: from the first compute of the last stage (the fill is over) to
+        the end of the last compute of stage 0 (the drain begins)."""
+        computes = [op for op in self.ops if op.kind == "compute"]
+        last = max(op.stage for op in computes)
+        return (min(op.start for op in computes if op.stage == last),
+                max(op.end for op in computes if op.stage == 0))
+
+    def recv_overlap(self, steady: bool = True) -> float:
+        """Transfer time of the receives during which the receiving rank computed, over their total
+        transfer time; ``steady``: only receives that start inside :meth:`steady_window` (in the fill
+        and the drain a rank may have nothing to compute while its input travels: a bubble, not a
+        receive held back)."""
+        busy: dict[int, list] = {}
+        for op in self.ops:
+            if op.kind == "compute" and op.duration > 0:
+                busy.setdefault(op.rank, []).append((op.start, op.end))
+        lo, hi = self.steady_window() if steady else (float("-inf"), float("inf"))
+        total = covered = 0.0
+        for op in self.ops:
+            if op.kind != "recv" or op.duration <= 0 or not lo <= op.start < hi:
+                continue
+            total += op.end - op.start
+            covered += sum(max(0.0, min(op.end, b) - max(op.start, a)) for a, b in busy.get(op.rank, ()))
+        return covered / total if total > 0 else 1.0
+
+
+__all__ = ["EmulatedDevice", "EmulationError", "RankCounters"]
