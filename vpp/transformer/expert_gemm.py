@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vpp.transformer.fused_ops import gated_halves
 from vpp.transformer.moe_config import ACTIVATIONS
 
 log = logging.getLogger(__name__)
@@ -163,8 +164,8 @@ class GroupedExperts(nn.Module):
             if n == 0:
                 continue
             rows = x[start:start + n]
-            gate, up = F.linear(rows, self.gate_up_proj[e]).chunk(2, dim=-1)
-            torch.mm(self.act(gate).mul_(up), self.down_proj[e].t(), out=out[start:start + n])
+            torch.mm(gated_halves(self.act, F.linear(rows, self.gate_up_proj[e])), self.down_proj[e].t(),
+                     out=out[start:start + n])
             start += n
         return out
 
@@ -175,8 +176,8 @@ class GroupedExperts(nn.Module):
         """Rows of local expert e are ``x[ends[e-1]:ends[e]]`` (``ends`` [E_local] int, on the device);
         returns their expert outputs. Rows after ``ends[-1]`` belong to no local expert: their output
         is undefined (callers mask them). No host synchronisation."""
-        gate, up = self._grouped_mm(x, self.gate_up_proj, ends).chunk(2, dim=-1)
-        return self._grouped_mm(self.act(gate).mul_(up), self.down_proj, ends)
+        return self._grouped_mm(gated_halves(self.act, self._grouped_mm(x, self.gate_up_proj, ends)),
+                                self.down_proj, ends)
 
     def _grouped_mm(self, a: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """Segment e of ``a`` times ``w[e]^T`` (w [E, N, K], a [rows, K]) -> [rows, N]."""

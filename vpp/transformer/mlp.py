@@ -7,6 +7,7 @@ from torch import nn
 
 from vpp.parallel.groups import Group
 from vpp.parallel.layers import ColumnParallelLinear, RowParallelLinear
+from vpp.transformer.fused_ops import gated
 from vpp.transformer.moe_config import ACTIVATIONS
 from vpp.parallel.sharding import ReadSlice, SliceLoader, shard_spec_of
 
@@ -33,7 +34,7 @@ class DenseMLP(nn.Module):
                                            reduce_output=reduce_output, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(gated(self.act, self.gate_proj(x), self.up_proj(x)))
 
     def checkpoint_names(self, prefix: str = "") -> list[str]:
         return [f"{prefix}{name}" for name, _ in self.named_parameters()]

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vpp.transformer.fused_ops import sigmoid_gating, softmax_gating
 from vpp.transformer.moe_config import MoEConfig
 
 
@@ -79,16 +80,30 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
+        scale = cfg.routed_scaling_factor
         if cfg.scoring == "softmax":
-            weights, ids = softmax_topk(F.linear(x, self.weight), cfg.top_k, cfg.norm_topk_prob)
+            logits = F.linear(x, self.weight)
+            fused = softmax_gating(logits, cfg.top_k)  # the device's fused softmax + top-k, where it has one
+            if fused is not None:
+                weights, ids = fused
+                if cfg.norm_topk_prob:
+                    weights = weights / weights.sum(dim=-1, keepdim=True)
+            else:
+                weights, ids = softmax_topk(logits, cfg.top_k, cfg.norm_topk_prob)
             weights = weights.to(x.dtype)
         else:
+            logits = F.linear(x.float(), self.weight.float())
+            fused = None if not cfg.norm_topk_prob else sigmoid_gating(
+                logits, cfg.top_k, bias=self.e_score_correction_bias, n_group=cfg.n_group,
+                topk_group=cfg.topk_group, scaling=scale)
+            if fused is not None:
+                return fused  # its weights are renormalised and scaled already
             weights, ids = sigmoid_group_topk(
-                F.linear(x.float(), self.weight.float()), cfg.top_k, bias=self.e_score_correction_bias,
+                logits, cfg.top_k, bias=self.e_score_correction_bias,
                 n_group=cfg.n_group, topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk_prob,
             )
-        if cfg.routed_scaling_factor != 1.0:
-            weights = weights * cfg.routed_scaling_factor
+        if scale != 1.0:
+            weights = weights * scale
         return weights, ids
 
     def extra_repr(self) -> str:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vpp.transformer.fused_ops import rotate_half, rotate_pairs
+
 ROPE_TYPES = ("default", "linear", "yarn")
 
 
@@ -115,20 +117,14 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Half-split rotation (Llama/Qwen layout). x [c, heads, dim], cos/sin [c, dim]."""
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return rotate_half(x, cos, sin)
 
 
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Pairwise rotation of (x0, x1), (x2, x3), ... (DeepSeek's weight layout). The result is written
     de-interleaved (all first members, then all second members); q and k get the same permutation, so
     their dot product is unchanged."""
-    half = cos.shape[-1] // 2
-    cos, sin = cos[:, None, :half], sin[:, None, :half]
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotate_pairs(x, cos, sin)
 
 
 __all__ = ["ROPE_TYPES", "RopeSpec", "RotaryEmbedding", "apply_rope", "apply_rope_interleaved"]
