@@ -39,6 +39,7 @@ FIT_CELLS = {"eff_attn": ("Table 1", "CPP computation"), "eff_link": ("Table 1",
              "host_step": ("Table 2(c)", "DCPP Launch stall")}
 MOVE = 0.9          # each fitted constant moved by -10% to see which cells follow it (cells.assign)
 
+
 def collective_fixed_cost(runs) -> float:
     """Seconds per TP collective call that would make DCPP's extra exposed communication over CPP at 512K
     Table 1's: (paper delta - model delta) / DCPP's extra collective calls per rank."""
@@ -63,7 +64,7 @@ def table_512k(setups) -> dict:
 
 
 def model_cells(setups, points) -> list:
-    """Every cell the model gives from ``setups`` except the request streams (see :func:`benchmarks.paper_cells.stream_cells`)."""
+    """Every cell the model gives from ``setups`` except the request streams (see :func:`benchmarks.paper.claims.stream_cells`)."""
     ds = setups["deepseek-v3.1"]
     runs = table_512k(setups)
     rows = {s: r.row for s, r in runs.items()}
@@ -146,7 +147,7 @@ def section_cells(cells, dropped, score) -> str:
         f"**{score['predicted_within']} of {score['predicted_scored']} predicted cells within tolerance "
         f"({100 * score['predicted_share']:.0f}%).** Cells: {score['cells']} = {n['fitted']} fitted + {n['derived']} "
         f"derived ({k['derived']} of them within) + {n['structural']} structural ({k['structural']} within) + "
-        f"{n['predicted']} predicted. Status comes from what the fit touches (benchmarks/cell_status.py): each "
+        f"{n['predicted']} predicted. Status comes from what the fit touches (benchmarks/paper/cells.py): each "
         f"fitted constant is moved by {100 * (1 - MOVE):.0f}% and the model rerun; a cell in seconds that moves "
         "0.8-1.25 s per second of the fitted cell, and of which the fitted quantity is at least half, restates the "
         "fit (derived). The request-stream cells (Fig. 3) are not rerun "
