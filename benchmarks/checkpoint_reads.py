@@ -253,13 +253,13 @@ than a 4 KiB page (e.g. DeepSeek-V3's expert down_proj, 2048 FP8 bytes per row) 
 still brings in every page of the tensor from disk, once per node."""
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--before", help="rows of an earlier run (--json), shown as a column")
     p.add_argument("--out", help="write the markdown table here")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated tiny models")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
     rows = run(args.models.split(","))
     before = None

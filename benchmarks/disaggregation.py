@@ -19,7 +19,7 @@ TP1 x PP2 on a V (vpp-async) and a decode instance TP2 x PP1). For each tiny mod
 single rank; 2: 4 ranks).
 
 Modelled (:mod:`vpp.perf.disaggregation`, the paper's deployment: 16 Ascend 910C dies, TP8 x PP2,
-the weight and cache formats of ``benchmarks.paper.sweep``): decode time per token in the prefill's V, on a
+the weight and cache formats of ``vpp.perf.runs``): decode time per token in the prefill's V, on a
 decode instance of the same size as TP8 x PP2 (a loop) or TP16, whether it fits in HBM, and the
 hand-over time from the prefill to each, at 128K-1M tokens.
 
@@ -160,7 +160,8 @@ def measured_table(rows: list[dict]) -> str:
 
 
 def modelled_table(lengths=PAPER_LENGTHS) -> str:
-    from benchmarks.paper.sweep import MODELS, paper_setup
+    from vpp.perf.hardware import ASCEND_910C
+    from vpp.perf.runs import MODELS, paper_setup
     from vpp.perf.disaggregation import decode_step, handover
     from vpp.perf.ops import Parallel
     from vpp.schedules import make_layout
@@ -168,7 +169,7 @@ def modelled_table(lengths=PAPER_LENGTHS) -> str:
     lines = ["| model | tokens | TPOT in prefill's V (TP8xPP2) ms | TPOT decode TP8xPP2 loop ms | TPOT decode TP16 ms | "
              "hand-over to TP8xPP2: GB / s | hand-over to TP16: GB / s |", "|---|" + "---|" * 6]
     for m in MODELS:
-        s = paper_setup(m)
+        s = paper_setup(m, ASCEND_910C)
         a, dev = s.arch, s.device
         v, loop, one = (make_layout("v", a.layers, 2), make_layout("loop", a.layers, 2), make_layout("loop", a.layers, 1))
         p16 = Parallel(tp=16, weight_bytes=s.par.weight_bytes, kv_bytes=s.par.kv_bytes)

@@ -76,12 +76,12 @@ def decode(rank, world, model_name, tokens, chunk, new):
     return gen.ttft_s, gen.time_per_output_token_s
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--out", default=os.path.join("benchmarks", "results", "inference_loop.md"))
     p.add_argument("--quick", action="store_true", help="one model, a short prompt, few tokens (a smoke run)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
     models = ("tiny-deepseek",) if args.quick else ("tiny-qwen", "tiny-deepseek", "tiny-glm")
     prompt, chunk, new = (128, 32, 4) if args.quick else (512, 128, 32)

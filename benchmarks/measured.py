@@ -54,12 +54,12 @@ def run(job: str, quick: bool) -> tuple[str, str]:
     return "vpp " + " ".join(args), proc.stdout
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run, not a measurement)")
     ap.add_argument("--jobs", default=",".join(JOBS), help="jobs to (re)run; the others keep their last results")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for measured.md and measured.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     out_dir = args.out
     os.makedirs(out_dir, exist_ok=True)
     json_path = os.path.join(out_dir, "measured.json")

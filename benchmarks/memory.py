@@ -167,7 +167,7 @@ def markdown(rows: list[dict], args, load: tuple) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="tiny-deepseek")
     p.add_argument("--lengths", default="4096,8192,16384,32768,65536")
@@ -177,7 +177,7 @@ def main() -> int:
     p.add_argument("--workspace", type=int, default=None, help="attention workspace budget in bytes")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     p.add_argument("--quick", action="store_true", help="a smoke run: 1K and 2K tokens, 256-token chunks, cpp only")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.quick:
         args.lengths, args.chunk, args.schedules = "1024,2048", 256, "cpp"
     from vpp.parallel import run_distributed

@@ -77,14 +77,14 @@ def _without_out(argv: list[str]) -> list[str]:
     return out
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=32, help="divide the paper's token counts by this")
     ap.add_argument("--requests", type=int, default=4, help="256K requests in the ablation stream")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "stream_sim.md"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     chunk = int(round(32768 / args.scale))
     setup = StreamSetup(chunk_size=chunk)
     parts = [f"# Simulated request streams: {', '.join(strategies.get(s).label for s in STRATEGIES)}", "",

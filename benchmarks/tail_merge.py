@@ -1,7 +1,7 @@
 """Tail merging at the paper's lengths, in simulation: a final chunk smaller than a threshold joins the
 one before (SGLang PR #23621's tiny-tail case), for CPP, DCPP (vLLM-Ascend main, online calibration)
-and VPP-Async, on the paper's deployment (16 x 910C, TP8 + PP2, the fitted cost model of
-benchmarks/paper_repro.py).
+and VPP-Async, on the paper's deployment (16 x 910C, TP8 + PP2, with the constants the paper study fitted,
+read from ``--calibration``: benchmarks/results/paper_repro.json).
 
 Every (model, strategy, length, budget) cell is simulated plain and with ``merge_tail`` = 512 tokens
 and = ``budget // 4``; a table per threshold lists the cells whose chunking changed, with the TTFT of
@@ -16,15 +16,17 @@ import json
 import os
 import time
 
-from benchmarks._report import kib, md_table
-from benchmarks.paper import published as paper
-from benchmarks.paper.sweep import fitted_setups
-from vpp.perf.runs import run
+from vpp.perf.hardware import get_device
+from vpp.perf.runs import paper_setup, run
+from vpp.report import kib, md_table
 from vpp.schedules import Request, chunk_requests
 from vpp.schedules.dcpp import DcppPlanner, plan_online, profiled_stages, stage_measure
 
 STRATEGIES = ("cpp", "dcpp", "vpp-async")
 MODELS = ("deepseek-v3.1", "qwen3-coder-30b-a3b")
+LENGTHS = (65536, 131072, 262144, 524288, 1048576)      # the paper's long-sequence sweep
+BUDGETS = (4096, 8192, 16384, 24576, 32768)              # the paper's four budgets and 4K
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def requests(setup, strategy: str, length: int, budget: int, threshold: int) -> list[Request]:
@@ -39,11 +41,10 @@ def requests(setup, strategy: str, length: int, budget: int, threshold: int) -> 
     return [Request(0, tuple(sizes))]
 
 
-def cells(models, lengths, budgets, fixed_threshold: int | None = None):
-    setups, _ = fitted_setups()
+def cells(device, models, lengths, budgets, fixed_threshold: int | None = None):
     out = []
     for model in models:
-        setup = setups[model]
+        setup = paper_setup(model, device)
         for strategy in STRATEGIES:
             for length in lengths:
                 for budget in budgets:
@@ -79,7 +80,7 @@ def section(rows, name: str) -> str:
 def report(sections, command: str, seconds: float) -> str:
     return (f"# Tail merging at the paper's lengths (simulated)\n\nCommand: `{command}`\n\n"
             f"A final chunk below the threshold joins the one before. Paper deployment: 16 x 910C, TP8 + PP2, "
-            f"the fitted cost model of paper_repro.py; DCPP = vLLM-Ascend main with online calibration. One "
+            f"the cost model with the paper study's fitted constants (paper_repro.json); DCPP = vLLM-Ascend main with online calibration. One "
             f"request alone: its last chunk runs in the drain, so a longer last chunk is on the critical path.\n\n"
             + "\n".join(sections) + f"\n_Generated in {seconds:.0f} s._\n")
 
@@ -87,12 +88,14 @@ def report(sections, command: str, seconds: float) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one model, two lengths, one budget (a smoke run)")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
-                    help="directory for tail_merge.md/json ('' to print only)")
+    ap.add_argument("--out", default=RESULTS, help="directory for tail_merge.md/json ('' to print only)")
+    ap.add_argument("--calibration", default=os.path.join(RESULTS, "paper_repro.json"),
+                    help="the 910C's fitted constants (a JSON whose 'fit' holds them; default: the paper study's)")
     args = ap.parse_args(argv)
     t0 = time.time()
-    grid = (MODELS[:1], (65536, 131072), (24576,)) if args.quick else (MODELS, paper.LENGTHS, (4096,) + paper.CHUNKS)
-    rows = {"512": cells(*grid, 512), "budget // 4": cells(*grid)}
+    device = get_device("910c", args.calibration)
+    grid = (MODELS[:1], (65536, 131072), (24576,)) if args.quick else (MODELS, LENGTHS, BUDGETS)
+    rows = {"512": cells(device, *grid, 512), "budget // 4": cells(device, *grid)}
     command = "PYTHONPATH=. python benchmarks/tail_merge.py" + (" --quick" if args.quick else "")
     text = report([section(r, name) for name, r in rows.items()], command, time.time() - t0)
     print(text)

@@ -59,14 +59,14 @@ def two_rank_prefill(rank: int, world_size: int, name: str, tokens: int, chunk: 
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--chunk", type=int, default=1024)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--models", nargs="*", default=list(TINY_CONFIGS))
     p.add_argument("--two-ranks", action="store_true", help="also time a whole prefill on two ranks")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
     stages = {}
     for name in args.models:

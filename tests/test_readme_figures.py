@@ -70,8 +70,8 @@ def test_the_results_readme_quotes_cp_compare_s_meta_points():
 
 
 def test_the_results_readme_quotes_tail_merge_s_counts():
-    """The tail_merge figures quoted in the index, against tail_merge.json (the paper model's score and
-    sensitivity figures are held in tests/test_results_fresh.py)."""
+    """The tail_merge figures quoted in the index, against tail_merge.json (the paper model's score
+    figures are held in tests/test_results_fresh.py)."""
     results = ROOT / "benchmarks" / "results"
     text = " ".join((results / "README.md").read_text().split())
     merge = json.loads((results / "tail_merge.json").read_text())

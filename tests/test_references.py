@@ -1,7 +1,7 @@
 """Prose names only what exists: what is not checked drifts, so it is checked like the imports.
 
 Every mention below, found in the docstrings and comments of ``vpp/``, ``benchmarks/`` and ``examples/``
-(every string statement and every ``#`` comment), in ``benchmarks/results/*.md``, ``benchmarks/*_notes.md``
+(every string statement and every ``#`` comment), in ``benchmarks/results/*.md``, ``benchmarks/**/*_notes.md``
 and the README, must resolve; the tests list every one that does not, as ``file:line: mention (why)``.
 
 * **Dotted names** ``vpp.a.b`` / ``benchmarks.a.b``: the longest importable module prefix, then the rest as
@@ -52,7 +52,7 @@ SUFFIXES = ("py", "md", "json", "txt", "toml", "png", "yaml", "yml")
 NOT_YET = {"benchmarks/results/device_check.md": "benchmarks/device_check.py writes it on a GPU or NPU"}
 
 _LEFT = r"(?<![\w./-])"
-DOTTED = re.compile(_LEFT + r"((?:vpp|benchmarks)(?:\.[A-Za-z_]\w*)+)(\.\*)?")
+DOTTED = re.compile(_LEFT + r"((?:benchmarks|vpp)(?:\.[A-Za-z_]\w*)+)(\.\*)?")
 ROLE = re.compile(r":(?:mod|func|class|data|meth|attr|exc|obj):`~?([.\w]+)`")
 REPO_PATH = re.compile(_LEFT + r"((?:\./)?(?:" + "|".join(re.escape(r) for r in ROOTS) + r")[\w.*/-]*)(:\d+)?")
 COMMAND = re.compile(r"(PYTHONPATH=\.\s+)?python\s+benchmarks/(\w+)\.py")
@@ -83,7 +83,7 @@ def _sources() -> list[pathlib.Path]:
 
 
 def _markdown(include_readme: bool) -> list[pathlib.Path]:
-    files = sorted((ROOT / "benchmarks" / "results").glob("*.md")) + sorted((ROOT / "benchmarks").glob("*_notes.md"))
+    files = sorted((ROOT / "benchmarks" / "results").glob("*.md")) + sorted((ROOT / "benchmarks").rglob("*_notes.md"))
     return [ROOT / "README.md"] if include_readme else files
 
 
@@ -267,8 +267,8 @@ def test_readme_names_what_exists():
     ("vllm_ascend/worker/model_runner_v1.py and model_dir/config.json", False),  # not our directories
     ("../no_such_dir/x.md", False),
     ("../perf/no_such.py", True),
-    ("python benchmarks/cp_compare.py", True),  # imports the benchmarks package
-    ("PYTHONPATH=. python benchmarks/cp_compare.py, python -m benchmarks.cp_compare", False),
+    ("python benchmarks/device_check.py", True),  # imports the benchmarks package
+    ("PYTHONPATH=. python benchmarks/device_check.py, python -m benchmarks.device_check", False),
     ("python benchmarks/stream_sim.py", False),  # imports vpp only: runs as a file
 ])
 def test_the_rules(text, bad):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vpp.perf.hardware import ASCEND_910C, Device
-from vpp.perf.runs import KV_BYTES, MODELS, WEIGHT_BYTES, Setup, paper_setup, run
+from vpp.perf.runs import MODELS, paper_setup, run
 
 from .fit import Fit, fit_cpp
 
@@ -52,6 +52,4 @@ def at(points: list[Point], model: str, strategy: str, length: int, chunk: int) 
     return None
 
 
-__all__ = [
-    "KV_BYTES", "MODELS", "Point", "WEIGHT_BYTES", "at", "best", "fitted_setups", "paper_setup", "sweep",
-]
+__all__ = ["Point", "at", "best", "fitted_setups", "sweep"]

@@ -3,9 +3,8 @@
 import pytest
 
 from benchmarks.paper import published as paper
-from benchmarks.cell_status import assign, dedupe
-from benchmarks.cells import Cell, markdown, required_step_cost, summary
-from benchmarks.paper_cells import table_cells
+from benchmarks.paper.cells import Cell, assign, dedupe, markdown, required_step_cost, summary
+from benchmarks.paper.claims import receives_per_chunk, table_cells
 from vpp.perf.decompose import Row
 
 FIT = ("Table 1", "CPP computation")
@@ -100,7 +99,6 @@ def test_a_cell_holding_a_small_fitted_term_stays_predicted():
 
 
 def test_hand_overs_received_per_rank():
-    from benchmarks.paper_cells import receives_per_chunk
     from vpp.schedules import make_layout
     assert receives_per_chunk(make_layout("loop", 61, 2)) == [0, 1]          # rank 1 receives from rank 0
     assert receives_per_chunk(make_layout("v", 61, 2)) == [1, 1]        # 0 -> 1, 1 -> 1 local, 1 -> 0

@@ -1,9 +1,9 @@
-"""Paper-scale streams (benchmarks.paper.serving) and the CP comparison harness (benchmarks.cp_sweep) on tiny
+"""Paper-scale streams (benchmarks.paper.serving) and the CP comparison harness (benchmarks.cp_compare) on tiny
 deployments."""
 
 import pytest
 
-from benchmarks.cp_sweep import META_POINTS, anchor, deployments, evaluate, meta_points
+from benchmarks.cp_compare import META_POINTS, anchor, deployments, evaluate, meta_points
 from benchmarks.paper.serving import best_budget, gain, serve
 from vpp.perf.arch import Arch
 from vpp.perf.configs import LLAMA3_405B, get_arch

@@ -7,7 +7,7 @@ Prints the best configurations by predicted TTFT, with the memory per device and
 gain over the paper's best configuration (VPP-Async, V with one fold, best of 8K..32K). The tp x pp
 devices may also be regrouped for context parallelism (CP alone, or VPP-Async x CP; ``--no-cp`` turns
 that off). The presets hold datasheet constants; ``--calibration FILE`` replaces them with fitted ones: ``vpp
-calibrate``'s JSON for ``--device cpu``, or the paper study's fit on the 910C (``python -m benchmarks.paper_repro``
+calibrate``'s JSON for ``--device cpu``, or the paper study's fit on the 910C (``python -m benchmarks.paper.paper_repro``
 writes it to ``benchmarks/results/paper_repro.json``).
 """
 

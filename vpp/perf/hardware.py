@@ -118,7 +118,6 @@ class Device:
 
 
 _ASSUMED_EFF = "assumed: typical achieved share of peak for large GEMMs (0.7) / streaming copies (0.8); not fitted"
-_VARIED = "; halved and doubled in benchmarks/results/paper_sensitivity.md"
 
 ASCEND_910C = Device(
     name="ascend-910c-die", peak_flops=376e12, mem_bw=1.6e12, mem_bytes=64e9, link_bw=200e9,
@@ -135,13 +134,11 @@ ASCEND_910C = Device(
         "lowp_speedup": "INT8 cube rate = 2x FP16 on Da Vinci (Ascend 910: 256 TFLOPS FP16 / 512 TOPS INT8, "
                         "Hot Chips 2019); DeepSeek-V3.1/GLM-5.2 run W8A8 here (671B/744B in BF16 do not fit "
                         "16 x 64 GB), an assumption: the paper does not state the weight format",
-        "eff_matmul": _ASSUMED_EFF + _VARIED, "eff_mem": _ASSUMED_EFF + _VARIED,
+        "eff_matmul": _ASSUMED_EFF, "eff_mem": _ASSUMED_EFF,
         "eff_attn": "fitted on the paper's CPP 512K compute time (benchmarks.paper.fit)",
         "eff_link": "fitted on the paper's CPP 512K exposed communication (benchmarks.paper.fit)",
-        "link_latency": "assumed 10 us per collective step (HCCL small-message latency order; no datasheet; halved "
-                        "and doubled in benchmarks/results/paper_sensitivity.md)",
-        "kernel_overhead": "assumed 10 us per kernel (torch_npu eager dispatch order; no datasheet; halved and doubled "
-                           "in benchmarks/results/paper_sensitivity.md)",
+        "link_latency": "assumed 10 us per collective step (HCCL small-message latency order; no datasheet)",
+        "kernel_overhead": "assumed 10 us per kernel (torch_npu eager dispatch order; no datasheet)",
         "host_step": "fitted on the paper's DCPP launch stall, Table 2(c) (benchmarks.paper.fit); 0 until fitted",
         "fit": "eff_attn 0.5 and eff_link 0.8 above are placeholders; the fitted values live with their fit, in "
                "benchmarks/results/paper_repro.json ('fit'): pass that file as the calibration to use them",

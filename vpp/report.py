@@ -1,8 +1,13 @@
-"""Small helpers for the markdown and PNG outputs of the benchmarks."""
+"""The pieces of a results file: a markdown table, a size in K, a PNG figure written whole.
+
+What the benchmarks and the commands that print tables share; pure Python (matplotlib imported only when
+a figure is made), so every room of vpp and every script reaches it."""
 
 from __future__ import annotations
 
 import os
+
+from .safe_write import atomic_open
 
 
 def md_table(header, rows) -> str:
@@ -18,12 +23,8 @@ def md_table(header, rows) -> str:
     return "\n".join(lines)
 
 
-def pct(a: float, b: float) -> str:
-    """(a - b) / b as a signed percentage."""
-    return f"{100.0 * (a - b) / b:+.1f}%" if b else "-"
-
-
 def kib(n: int) -> str:
+    """A token count in K where it is a whole number of 1024s (24576 -> "24K")."""
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
@@ -37,9 +38,12 @@ def figure(width=8.0, height=4.5):
 
 
 def save(fig, out_dir: str, name: str) -> str:
+    """Writes ``fig`` as ``out_dir/name`` (the format from the suffix) through :func:`vpp.safe_write.atomic_open`."""
     path = os.path.join(out_dir, name)
     fig.tight_layout()
-    from vpp.safe_write import atomic_open
     with atomic_open(path, "wb") as f:  # a new or regular file, replaced whole
         fig.savefig(f, dpi=110, format=os.path.splitext(name)[1].lstrip(".") or "png")
     return path
+
+
+__all__ = ["figure", "kib", "md_table", "save"]

@@ -1,17 +1,17 @@
-"""The request streams of the paper's Fig. 3 at paper scale, for :mod:`benchmarks.paper_repro` (its section 7):
+"""The request streams of the paper's Fig. 3 at paper scale, for :mod:`.paper_repro` (its section 7):
 each strategy at its best budget under vLLM's shared token budget, each shared step one forward
 (vpp/perf/batched.py), and the switches that turn each of those off.
 """
 
 from __future__ import annotations
 
-from benchmarks._report import kib, md_table
-from benchmarks import cells as C, paper_cells as PC
-from benchmarks.paper import published as paper
-from benchmarks.paper.serving import best_budget, compare
-from benchmarks.paper.sweep import MODELS
+from vpp.perf.runs import MODELS
+from vpp.report import kib, md_table
 from vpp.schedules import strategies
 from vpp.schedules.workloads import long as long_stream, mixed, short
+
+from . import cells as C, claims as PC, published as paper
+from .serving import best_budget, compare
 
 LABEL = {s: strategies.get(s).label for s in strategies.PLANNED}
 

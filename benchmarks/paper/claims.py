@@ -1,19 +1,19 @@
-"""Every number the paper reports, as cells (:mod:`benchmarks.cells`) built from simulated rows.
+"""Every number the paper reports, as cells (:mod:`.cells`) built from simulated rows.
 
 The builders take rows (:class:`vpp.perf.decompose.Row`, profiler view) and sweep points
-(:mod:`benchmarks.paper.sweep`). Each published number appears once: a delta is kept and its delta-% folded
+(:mod:`.sweep`). Each published number appears once: a delta is kept and its delta-% folded
 into the note; Table 2(a)'s DCPP column (= Table 1), DCPP "Free" (= bubble less the fitted launch stall)
 and VPP "Free" (= VPP's bubble) are not cells. Which deltas are scored is decided after the statuses are
-known (:func:`benchmarks.cell_status.dedupe`).
+known (:func:`.cells.dedupe`).
 """
 
 from __future__ import annotations
 
-from benchmarks.paper import published as paper
-from benchmarks.paper.sweep import Point, best
 from vpp.schedules import strategies
 
+from . import published as paper
 from .cells import Cell
+from .sweep import Point, best
 
 PARTS = (("computation", "compute"), ("bubble", "bubble"), ("exposed comm.", "exposed_comm"), ("total", "total"))
 
@@ -194,7 +194,7 @@ def ablation_cells(rows: dict) -> list[Cell]:
 
 
 def stream_cells(results: dict) -> list[Cell]:
-    """Fig. 3: ``results[(model, workload)]`` maps strategies to :class:`benchmarks.paper.serving.Served` (each at
+    """Fig. 3: ``results[(model, workload)]`` maps strategies to :class:`.serving.Served` (each at
     its best budget); workloads "mixed", "short-4K", "short-8K", "short-16K". The paper's VPP is VPP-Async
     + packing; gains are throughput gains."""
     def g(model, wl, over):

@@ -19,9 +19,8 @@ The adopted model is the first row; none of these is fitted.
 
 from __future__ import annotations
 
+from vpp.report import md_table
 from vpp.schedules.dcpp import DcppPlanner, plan_online, stage_measure
-
-from benchmarks._report import md_table
 
 CELLS = ((131072, 16384), (524288, 24576))
 PAPER = {131072: "17", 524288: "~97"}
@@ -60,7 +59,7 @@ def section(setup) -> str:
     body = table(setup) + [["paper", "Fig. 1(b); Sec. 4"] + [PAPER[L] for L, _ in CELLS]]
     return "\n".join([
         "**DCPP's step count under the planner's sourced variants** (DeepSeek-V3.1, loop TP8 x PP2; "
-        "benchmarks/paper_dcpp_steps.py). No sourced variant reaches the paper's 17 steps at 128K / 16K: "
+        "benchmarks/paper/dcpp_steps.py). No sourced variant reaches the paper's 17 steps at 128K / 16K: "
         "the planner's chunk falls to its 4096 floor once the prefix passes ~100K, because attention over "
         "the prefix dominates the profiled stage time; 17 steps needs the mean chunk at ~7.7K.", "",
         md_table(["variant", "source", "steps 128K / 16K", "steps 512K / 24K"], body), ""])

@@ -3,8 +3,9 @@
 The Findings once came from a literal notes file and quoted a fit two versions old (DSA's worst residual
 3.4% against the table's 2.1%, VPP-Async over DCPP at 64K 7.3% against 5.2%, ...); and the "longest
 prompt" table called DeepSeek's and GLM's 8-bit cache "BF16" (per-token bytes taken at the model's
-KV_BYTES = 1, then doubled for "8-bit"). Here the prose must be what ``findings`` writes from the
-committed JSON, and the KV figures must equal the closed form from the configs."""
+KV_BYTES = 1, then doubled for "8-bit"). Here the prose must be what the script's finding writers
+(:func:`benchmarks.beyond_paper.findings`) give on the committed JSON, and the KV figures must equal the
+closed form from the configs."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import re
 
 import pytest
 
-from benchmarks._beyond_findings import findings
-from benchmarks.paper.sweep import KV_BYTES
+from benchmarks.beyond_paper import findings
+from vpp.perf.runs import KV_BYTES
 from vpp.perf.configs import get_config
 
 RESULTS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -29,7 +30,7 @@ def test_the_committed_findings_are_written_from_the_committed_numbers():
     md, blob = _md(), json.loads((RESULTS / "beyond_paper.json").read_text())
     committed = md.split("## Findings", 1)[1].rsplit("_Generated in", 1)[0].strip()
     handover = re.search(r"hand-over across the nodes takes ([0-9.]+) ms", committed)
-    now = findings(blob, KV_BYTES, handover_s=float(handover.group(1)) / 1e3 if handover else None)
+    now = findings(blob, handover_s=float(handover.group(1)) / 1e3)
     assert now.split("## Findings", 1)[1].strip() == committed
 
 

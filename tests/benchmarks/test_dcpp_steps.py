@@ -1,7 +1,7 @@
-"""DCPP's step-count table (benchmarks.paper_dcpp_steps): its adopted row is the step count the
+"""DCPP's step-count table (benchmarks.paper.dcpp_steps): its adopted row is the step count the
 simulated runs use (vpp.perf.runs, an independent path through the same planner)."""
 
-from benchmarks import paper_dcpp_steps as PDS
+from benchmarks.paper import dcpp_steps as PDS
 from vpp.perf.arch import Arch
 from vpp.perf.ops import Parallel
 from vpp.perf.runs import Setup, run

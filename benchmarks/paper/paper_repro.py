@@ -1,14 +1,16 @@
 """Reproduce the VPP paper's numbers in simulation, at paper scale, cell by cell.
 
-    python -m benchmarks.paper_repro [--out benchmarks/results] [--quick]
+    python -m benchmarks.paper.paper_repro [--out benchmarks/results] [--quick]
 
 DeepSeek-V3.1, GLM-5.2 and Qwen3-Coder-30B-A3B on TP8 + PP2 (16 Ascend 910C NPUs): the 512K DeepSeek
 decomposition (Tables 1 and 2), the step counts (Fig. 1b), the long-sequence sweep 64K..1M with the
 chunk-budget sensitivity, the ablation, and the short / long / mixed request streams (Fig. 3). Every
 number the paper reports is one cell, scored once, with its status: fitted (three constants, each on one
 declared cell, benchmarks.paper.fit), derived (moves one for one with a fitted cell), structural (built into
-the model) or predicted (benchmarks/cell_status.py). Writes paper_repro.md, paper_repro.json and PNGs.
-``--quick`` skips the long stream, the what-if table and the figures.
+the model) or predicted (:func:`benchmarks.paper.cells.assign`); every miss names the mechanism that would
+have to differ. Writes paper_repro.md, paper_repro.json (its "fit" is the calibration ``vpp tune
+--calibration`` and the other paper-scale benchmarks read) and PNGs. ``--quick`` skips the long stream,
+the stream switches and the figures.
 """
 
 from __future__ import annotations
@@ -20,65 +22,40 @@ import sys
 import time
 
 
-from benchmarks._report import figure, kib, md_table, save
-from benchmarks import cell_status as CS, cells as C, paper_cells as PC, paper_misses as PM, paper_whatif as PW
-from benchmarks import paper_dcpp_steps as PDS
-from benchmarks.paper_streams import section_streams, streams
-from benchmarks.paper import published as paper
-from benchmarks.paper.sweep import KV_BYTES, MODELS, WEIGHT_BYTES, at, best, fitted_setups, sweep
+from benchmarks.paper import cells as C, claims as PC, dcpp_steps as PDS, published as paper
+from benchmarks.paper.mechanisms import MECHANISMS, gap, mechanism
+from benchmarks.paper.streams import section_streams, streams
+from benchmarks.paper.sweep import at, best, fitted_setups, sweep
 from vpp.perf.decompose import VIEWS, decompose, rank_categories
-from vpp.perf.runs import run
+from vpp.perf.runs import KV_BYTES, MODELS, WEIGHT_BYTES, run
+from vpp.report import figure, kib, md_table, save
 from vpp.schedules import strategies
 
 STRATS = strategies.PLANNED
 SWEPT = ("cpp", "dcpp", "vpp-async")   # the strategies the sweep cells read
 LABEL = {s: strategies.get(s).label for s in STRATS}
 NOTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_repro_notes.md")
-MECHANISMS = (
-    ("attention FLOPs", "causal pairs x heads x head dims per chunk; time at eff_attn of peak", "model configs",
-     "eff_attn FITTED (CPP computation)"),
-    ("MLA prefix rebuild per chunk", "gather, up-projection GEMM and split/concat copies of the cached prefix for "
-     "every chunk (vLLM's MLA chunked-context prefill)", "vLLM MLA code; Table 2(b) Slice / MatMulV3", "none"),
-    ("TP collectives", "2 all-reduces per layer (ring: 2(n-1) latency steps + volume at eff_link); the paper's "
-     "AllGather facts (Sec. 6.3) are read on them: its +5.27 s is the size of these, not of the PP hand-overs' "
-     "all-gathers (benchmarks/paper_cells.py allgather_cells)",
-     "HCCL ring algorithm", "eff_link FITTED (CPP exposed comm.); link_latency 10 us assumed"),
-    ("fixed cost per collective (what-if)", "an extra cost per collective call", "none found; Table 1's +6.01 s "
-     "asks for ~0.9 ms", "off (section 5)"),
-    ("PP hand-over", "1/tp slice p2p + all-gather in the receiving TP group, with its ring latency",
-     "vLLM send_tensor_dict(all_gather_group=tp)", "none"),
-    ("kernel launches", "10 us per kernel on the device timeline", "assumed (torch_npu eager)", "none"),
-    ("stage-time imbalance", "what differs between ranks: vLLM's 31/30 split, 3 dense layers and the embedding on "
-     "rank 0, final norm / LM head / last-token sampling on the last rank", "vLLM get_pp_indices; model configs",
-     "none (section 5: +3.3%)"),
-    ("launch stall", "host work before each step's first kernel, device idle where the runner syncs the device "
-     "before a step: DCPP's online timing (need_timing, default on), on every DCPP step (Setup.dcpp_sync; "
-     "'only while calibrating' is a what-if)", "vllm-ascend model_runner_v1: `if need_timing: self._sync_device()`; "
-     "Table 2(c)", "host_step FITTED (DCPP launch stall)"),
-    ("DCPP online calibration", "vLLM-Ascend's default need_timing=True: the planner re-fits "
-     "f(C,H) = aC(C+H) + b(C+H) + c over the first 30 steps", "vllm-ascend profiling_chunk_predictor.py, "
-     "docs (need_timing default True, max_fit_chunk 30)", "none"),
-    ("per-chunk unhidden cost (what-if)", "a cost per chunk no schedule hides", "none found", "off (section 5)"),
-    ("profiler accounting", "a communication task runs from its issue to its data's arrival: async plans' "
-     "posted receives are communication (overlapped while the rank computes), posted no earlier than their "
-     "step's dispatch (a rank waiting for a request not yet scheduled is Free); blocking hand-overs wait as Free",
-     "Ascend profiler step trace; vLLM's CPU-side metadata exchange; vLLM's model runner receives inside the "
-     "step it was given", "none; both views in sections 4 and 5, the early post in section 4"),
-    ("shared token budget in streams", "each step carries up to the budget: the rest of the running request, then "
-     "the first chunks of the next ones; DCPP's time budget shared the same way (vpp/schedules/shared_budget.py, "
-     "issue 20)", "vLLM scheduler (running, then waiting requests while the token budget lasts); vLLM-Ascend "
-     "#9900 (shared time budget)", "none; on in the streams (Setup.shared_budget), section 7 scores the streams "
-     "with it off"),
-    ("batched steps in streams", "a shared step is one forward: GEMMs, MoE, norms and TP collectives once on the "
-     "step's tokens (weights read once, one launch, one all-reduce per collective), attention per piece over its "
-     "own prefix, launches and per-step costs once; each piece's COMPUTE gets its own attention plus a token share "
-     "of the rest (vpp/perf/batched.py)", "vLLM / vLLM-Ascend model runner (one forward per scheduled batch, "
-     "variable-length attention)", "none; on in the streams (Setup.batched_steps), section 7 scores the streams "
-     "with one stage call per piece"),
-)
 FIT_CELLS = {"eff_attn": ("Table 1", "CPP computation"), "eff_link": ("Table 1", "CPP exposed comm."),
              "host_step": ("Table 2(c)", "DCPP Launch stall")}
-MOVE = 0.9          # each fitted constant moved by -10% to see which cells follow it (benchmarks.cell_status)
+MOVE = 0.9          # each fitted constant moved by -10% to see which cells follow it (cells.assign)
+
+
+def collective_fixed_cost(runs) -> float:
+    """Seconds per TP collective call that would make DCPP's extra exposed communication over CPP at 512K
+    Table 1's: (paper delta - model delta) / DCPP's extra collective calls per rank."""
+    c, d = runs["cpp"], runs["dcpp"]
+    per_chunk = 2 * max(len(d.plan.layout.layers_of(s)) for s in range(d.plan.layout.num_stages)) + 1
+    want = paper.TABLE_512K["dcpp"]["exposed_comm"] - paper.TABLE_512K["cpp"]["exposed_comm"]
+    return max(0.0, (want - (d.row.exposed_comm - c.row.exposed_comm)) / ((d.row.chunks - c.row.chunks) * per_chunk))
+
+
+def section_misses(cells, per_call: float) -> str:
+    misses = [c for c in cells if c.within is False and c.status in ("predicted", "structural")]
+    body = [[c.section, c.row, c.status, C._fmt(c.paper, c.unit), C._fmt(c.model, c.unit), gap(c),
+             mechanism(c, per_call)] for c in misses]
+    return "\n".join(["## 3b. Every miss, the gap and the mechanism that would have to differ", "",
+                      md_table(["table", "quantity", "status", "paper", "model", "gap (model needs)", "mechanism"], body),
+                      ""])
 
 
 def table_512k(setups) -> dict:
@@ -87,7 +64,7 @@ def table_512k(setups) -> dict:
 
 
 def model_cells(setups, points) -> list:
-    """Every cell the model gives from ``setups`` except the request streams (see :func:`benchmarks.paper_cells.stream_cells`)."""
+    """Every cell the model gives from ``setups`` except the request streams (see :func:`benchmarks.paper.claims.stream_cells`)."""
     ds = setups["deepseek-v3.1"]
     runs = table_512k(setups)
     rows = {s: r.row for s, r in runs.items()}
@@ -114,7 +91,7 @@ def scored_cells(setups, points, stream_results) -> tuple[list, list]:
     for constant, key in FIT_CELLS.items():
         ms = moved_setups(setups, constant)
         moved[constant] = (key, model_cells(ms, sweep(ms, SWEPT, paper.LENGTHS, paper.CHUNKS)))
-    return CS.dedupe(CS.assign(base, moved))
+    return C.dedupe(C.assign(base, moved))
 
 
 def section_view() -> str:
@@ -133,8 +110,7 @@ def section_view() -> str:
         "reworked to book device intervals (a posted receive is communication from its post), and the report's "
         "heading became \"chosen before comparing\"; that heading was wrong, since the paper's numbers were in "
         "the repository from the start. The simulator's own view (all waiting is bubble, only wire time is "
-        "communication) gives the same totals; section 4 shows both views side by side, and the what-if table "
-        "of section 5 scores the 512K cells under each.", ""])
+        "communication) gives the same totals; section 4 shows both views side by side.", ""])
 
 
 def section_mechanisms(fit) -> str:
@@ -151,7 +127,7 @@ def section_constants(device) -> str:
     return "\n".join(["## 0. Constants (Ascend 910C die, the paper's NPU)", "", md_table(["constant", "value", "source"], rows),
                       "", "Deployment: TP8 x PP2 (16 NPUs), experts over the 8 TP ranks (EP8), vLLM's PP hand-over; "
                       f"weights {_formats(WEIGHT_BYTES, 'W8A8')}; KV cache {_formats(KV_BYTES, '8-bit (C8)')} (in BF16 "
-                      "DeepSeek-V3.1's 512K cache does not fit its busiest NPU, benchmarks/paper/sweep.py); BF16 activations. "
+                      "DeepSeek-V3.1's 512K cache does not fit its busiest NPU, vpp/perf/runs.py); BF16 activations. "
                       "DCPP: vLLM-Ascend's planner (min chunk 4096, smoothing 1.0, online calibration on). "
                       "Even layer split (DeepSeek 31/30 on the loop, 16/15/15/15 on the V).", ""])
 
@@ -171,7 +147,7 @@ def section_cells(cells, dropped, score) -> str:
         f"**{score['predicted_within']} of {score['predicted_scored']} predicted cells within tolerance "
         f"({100 * score['predicted_share']:.0f}%).** Cells: {score['cells']} = {n['fitted']} fitted + {n['derived']} "
         f"derived ({k['derived']} of them within) + {n['structural']} structural ({k['structural']} within) + "
-        f"{n['predicted']} predicted. Status comes from what the fit touches (benchmarks/cell_status.py): each "
+        f"{n['predicted']} predicted. Status comes from what the fit touches (benchmarks/paper/cells.py): each "
         f"fitted constant is moved by {100 * (1 - MOVE):.0f}% and the model rerun; a cell in seconds that moves "
         "0.8-1.25 s per second of the fitted cell, and of which the fitted quantity is at least half, restates the "
         "fit (derived). The request-stream cells (Fig. 3) are not rerun "
@@ -250,14 +226,14 @@ def stage_imbalance(ds) -> str:
         md_table(["rank", "layers", "dense layers", "computation (s)", "attention (s)", "GEMMs + MoE (s)"], body), "",
         f"Rank 0 computes {100 * ratio:+.1f}% more than rank 1: attention is ~94% of the time at 512K and per layer "
         "the same on both ranks, so the extra layer is the imbalance; dense vs MoE FFNs and the embedding / head "
-        "move it by well under 1%. The ~10% imbalance the 512K waiting asks for (the 'rank 0 one layer heavier' "
-        "row below) is not in what differs between the ranks.", ""])
+        "move it by well under 1%. The ~10% imbalance the 512K waiting asks for is not in what differs between "
+        "the ranks.", ""])
 
 
-def diagnostics(setups, runs, points, whatif: bool = True) -> str:
+def diagnostics(setups, runs, points) -> str:
     ds = setups["deepseek-v3.1"]
     lines = ["## 5. Where the model disagrees, and what would have to differ", "", stage_imbalance(ds), "",
-             PW.section(setups) if whatif else "(what-if table: full run only)", "", PDS.section(ds)]
+             PDS.section(ds)]
     gaps = []
     for model, length, target in (("qwen3-coder-30b-a3b", 131072, 0.037), ("qwen3-coder-30b-a3b", 524288, 0.087),
                                   ("glm-5.2", 65536, 0.085), ("deepseek-v3.1", 65536, 0.026)):
@@ -345,8 +321,8 @@ def figures(setups, points, runs, out) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    ap.add_argument("--quick", action="store_true", help="skip the long stream and the figures")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results"))
+    ap.add_argument("--quick", action="store_true", help="skip the long stream, the stream switches and the figures")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -360,9 +336,10 @@ def main(argv=None) -> int:
     eq2 = None if args.quick else streams({m: st.replace(packing_estimate="eq2") for m, st in setups.items()}, True)
     cells, dropped = scored_cells(setups, points, results)
     score = C.summary(cells)
-    parts = ["# VPP paper reproduction (simulated, paper scale)", "", "Command: `python -m benchmarks.paper_repro`.", "",
+    parts = ["# VPP paper reproduction (simulated, paper scale)", "", "Command: `python -m benchmarks.paper.paper_repro`.", "",
              section_constants(setups["deepseek-v3.1"].device), section_view(), section_mechanisms(fit),
-             section_cells(cells, dropped, score), PM.section(cells), section_simulator_view(runs, setups), diagnostics(setups, runs, points, not args.quick),
+             section_cells(cells, dropped, score), section_misses(cells, collective_fixed_cost(runs)),
+             section_simulator_view(runs, setups), diagnostics(setups, runs, points),
              section_sweep(points), section_streams(results, off, calls, eq2)]
     if not args.quick:
         parts += ["Figures: " + ", ".join(os.path.basename(p) for p in figures(setups, points, runs, args.out)), ""]
@@ -374,8 +351,8 @@ def main(argv=None) -> int:
         f.write(md)
     blob = {"fit": {"eff_attn": fit.eff_attn, "eff_link": fit.eff_link, "host_step": fit.host_step},
             "summary": score, "cells": [c.to_dict() for c in cells], "duplicates_dropped": dropped,
-            "misses": [{"section": c.section, "row": c.row, "status": c.status, "gap": PM.gap(c),
-                        "mechanism": PM.mechanism(c)} for c in cells if c.within is False and c.status != "derived"],
+            "misses": [{"section": c.section, "row": c.row, "status": c.status, "gap": gap(c),
+                        "mechanism": mechanism(c, collective_fixed_cost(runs))} for c in cells if c.within is False and c.status != "derived"],
             "table_512k": {k: v.to_dict() for k, v in rows.items()},
             "streams": {f"{m}/{w}": {s: r.to_dict() for s, r in rs.items()} for (m, w), rs in results.items()},
             "sweep": [{"model": p.model, "strategy": p.strategy, "length": p.length, "chunk": p.chunk, **p.row.to_dict()}
