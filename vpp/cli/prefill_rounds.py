@@ -28,7 +28,7 @@ import torch.distributed as dist
 from vpp.models.registry import open_model
 from vpp.parallel.comm import irecv, isend
 from vpp.parallel.groups import ParallelGroups
-from vpp.schedules import TableCost, make_layout, simulate, strategies
+from vpp.schedules import TableCost, make_layout, simulate_plan, strategies
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import profile_planner
 
@@ -116,14 +116,17 @@ def measure_transfer(groups: ParallelGroups, tokens: int, hidden: int, dtype: to
 
 
 def replay(plan, trace, transfer_s: float):
-    """Replay ``plan`` with the compute times measured in ``trace`` (median per stage and chunk)."""
+    """Replay ``plan`` with the compute times measured in ``trace`` (median per stage and chunk). The
+    executed plan itself is simulated (:func:`vpp.schedules.simulate_plan`), not rebuilt by the runner
+    from its strategy: a plan keeps only the steps shared by two or more pieces, so the builder's step
+    list cannot be recovered from it."""
     per_stage: dict[int, dict] = {}
     requests = {q.id: q for q in plan.requests}
     for s in trace.of(kind="compute"):
         q = requests[s.request]
         per_stage.setdefault(s.stage, {})[(q.tokens(s.chunk), q.offset(s.chunk))] = s.duration
     cost = TableCost(per_stage=per_stage, latency=transfer_s, overlap=0.0 if plan.comm == "blocking" else 1.0)
-    return simulate(plan, cost, check=False)
+    return simulate_plan(plan, cost, check=False)
 
 
 def layout_for(model, schedule: str, pp: int, folds: int = 1, *, chunk: int | None = None,

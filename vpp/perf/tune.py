@@ -97,13 +97,9 @@ def evaluate(setup: Setup, cand: Candidate, length: int, sizes=None) -> Result:
         reqs = requests_for(setup, "dcpp", [length], cand.chunk, cost, layout)
     else:
         reqs = sch.chunk_requests([length], cand.chunk)
-    if cand.kind == "loop":
-        plan = sch.build_cpp(layout, reqs)
-    elif cand.comm == "async":
-        plan = sch.build_vpp_async(layout, reqs)
-    else:
-        plan = sch.build_vpp(layout, reqs)
-    trace = sch.simulate(plan, cost, check=False)
+    order = "cpp" if cand.kind == "loop" else "vpp-async" if cand.comm == "async" else "vpp"
+    sim = sch.simulate(order, layout, [length], cost, requests=reqs)
+    plan, trace = sim.plan, sim.trace
     row = decompose(cand.describe(), plan, trace, cost, view="simulator")
     mems = cp_rank_memory(plan, trace, cost) if isinstance(cost, ContextParallelCost) else rank_memory(plan, trace, cost)
     worst = max(mems, key=lambda m: m.total)
