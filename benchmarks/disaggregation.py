@@ -68,6 +68,7 @@ def _world(rank, world, models, lengths, chunk, steps, rounds, decode_tp):
     import torch.distributed as dist
 
     from vpp.models.registry import open_model
+    from vpp.models.run_layout import layout_for
     from vpp.parallel.instances import initialize_disaggregated
     from vpp.runtime import Pipeline, Sampler
     from vpp.kv.handover import hand_over, local_caches
@@ -79,7 +80,7 @@ def _world(rank, world, models, lengths, chunk, steps, rounds, decode_tp):
     rows = []
     for name in models:
         model = open_model(name)
-        layout = model.layout_for("vpp-async", 2) if link.is_prefill else model.layout("loop", 1)
+        layout = layout_for(model, "vpp-async", 2) if link.is_prefill else model.layout("loop", 1)
         pipe = Pipeline(model.stages(layout, link.groups), link.groups, timeout_s=1800)
         first = link.is_prefill and any(s.is_first for s in pipe.stages)
         greedy = Sampler()

@@ -28,11 +28,11 @@ import torch.distributed as dist
 from vpp.models.registry import open_model
 from vpp.parallel.comm import irecv, isend
 from vpp.parallel.groups import ParallelGroups
-from vpp.schedules import TableCost, make_layout, simulate_plan, strategies
+from vpp.schedules import TableCost, simulate_plan, strategies
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import profile_planner
 
-from vpp.models.run_layout import choose_partition
+from vpp.models.run_layout import layout_for
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,8 @@ class BenchConfig:
     cached_prefix: int = 0           # the first N tokens are prefilled untimed before each timed run
     dcpp_mode: str = "vllm-ascend"   # a vpp.schedules.dcpp.VARIANTS mode
     dcpp_min_chunk: int | None = None
+    # schedule -> its layout, chosen once by the command (vpp.models.run_layout.layout_for); None: chosen here
+    layouts: dict | None = None
 
 
 @dataclass
@@ -129,21 +131,6 @@ def replay(plan, trace, transfer_s: float):
     return simulate_plan(plan, cost, check=False)
 
 
-def layout_for(model, schedule: str, pp: int, folds: int = 1, *, chunk: int | None = None,
-               seq_len: int | None = None, partition: str = "even"):
-    """The layout ``schedule`` runs ``model`` on: its strategy's kind, stages as even as the model's
-    allowed stage starts permit, or (``partition="rank"``, given the chunk and prompt sizes) balanced
-    per rank on the cost model and, among ties, the fastest for ``schedule`` on the whole prompt
-    (:mod:`vpp.models.run_layout`)."""
-    kind = strategies.get(schedule).layout
-    if partition == "even" or chunk is None or seq_len is None:
-        return model.layout_for(schedule, pp, folds)
-    folds = 1 if kind == "loop" else folds
-    sizes = choose_partition(model, kind, pp, folds, chunk=chunk, seq_len=seq_len, how=partition,
-                             schedule=schedule)
-    return make_layout(kind, model.num_layers, pp, folds=folds, partition=sizes)
-
-
 def chunks_of(chunking, n: int, cached: int = 0) -> list[int]:
     """A chunking function's chunk sizes for ``n`` tokens after ``cached`` ones (the call convention
     of :func:`vpp.runtime.inputs.requests_for`)."""
@@ -162,8 +149,8 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
         prompt = torch.tensor(cfg.prompt, dtype=torch.long)
     else:
         prompt = torch.randint(0, vocab, (cfg.seq_len,), generator=torch.Generator().manual_seed(cfg.seed + 1))
-    layouts = {sched: layout_for(model, sched, groups.pp.size, cfg.folds, chunk=cfg.chunk_size, seq_len=cfg.seq_len,
-                                 partition=cfg.partition) for sched in cfg.schedules}
+    layouts = cfg.layouts or {sched: layout_for(model, sched, groups.pp.size, cfg.folds, chunk=cfg.chunk_size,
+                                                seq_len=cfg.seq_len, partition=cfg.partition) for sched in cfg.schedules}
     stages = {sched: model.stages(layouts[sched], groups) for sched in cfg.schedules}
     say(groups, f"vpp prefill: {cfg.model}, tp={cfg.tp} pp={cfg.pp}, {cfg.seq_len} tokens in chunks of "
                  f"{cfg.chunk_size}; " + "; ".join(f"{s}: {layouts[s].describe()}" for s in cfg.schedules))
@@ -311,6 +298,6 @@ def _write_traces(directory: str, traces: dict) -> list[str]:
 
 
 __all__ = [
-    "BenchConfig", "Row", "cache_bytes", "chunks_of", "gather_all", "layout_for", "measure_transfer",
+    "BenchConfig", "Row", "cache_bytes", "chunks_of", "gather_all", "measure_transfer",
     "replay", "run_bench", "say", "weight_bytes",
 ]

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from vpp.models.registry import open_model, snap_partition
+from vpp.models.registry import open_model
+from vpp.models.run_layout import layout_for
 from vpp.parallel.groups import ParallelGroups
 from vpp.cli.prefill_rounds import gather_all, measure_transfer, replay, say
-from vpp.schedules import make_layout, strategies, stream_stats, workloads
+from vpp.schedules import strategies, stream_stats, workloads
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import profile_planner
 from vpp.schedules.shared_budget import shared_budget_stream
@@ -49,6 +50,7 @@ class StreamConfig:
     dcpp_mode: str = "vllm-ascend"       # a vpp.schedules.dcpp.VARIANTS mode
     dcpp_min_chunk: int | None = None    # None: the mode's own floor
     shared_budget: bool = False          # one token budget per step shared by the requests (vpp/schedules/shared_budget.py)
+    layouts: dict | None = None          # contender -> layout, chosen once by the command (run_layout.layout_for)
 
 
 @dataclass
@@ -94,15 +96,11 @@ def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[Me
     if "gpipe" in cfg.contenders and any(n % cfg.chunk_size for n in wl.lengths):
         raise ValueError(f"gpipe needs prompt lengths that are multiples of chunk_size={cfg.chunk_size}; "
                          f"workload {wl.name} has {sorted(set(wl.lengths))[:6]}")
-    stages = {}
-    for name in cfg.contenders:
-        kind = strategies.get(name).layout
-        n_stages = groups.pp.size * (1 if kind == "loop" else 2)
-        layout = make_layout(kind, model.num_layers, groups.pp.size,
-                             partition=snap_partition(model.num_layers, n_stages, model.stage_starts))
-        stages[name] = model.stages(layout, groups)
-    planner = profile_planner(stages["dcpp"], groups, cfg.chunk_size, variant=cfg.dcpp_mode,
-                              min_chunk=cfg.dcpp_min_chunk) if "dcpp" in cfg.contenders else None
+    layouts = cfg.layouts or {name: layout_for(model, name, groups.pp.size) for name in cfg.contenders}
+    stages = {name: model.stages(layouts[name], groups) for name in cfg.contenders}
+    dcpp = next((n for n in cfg.contenders if strategies.get(n).chunking == "dcpp"), None)
+    planner = profile_planner(stages[dcpp], groups, cfg.chunk_size, variant=cfg.dcpp_mode,
+                              min_chunk=cfg.dcpp_min_chunk) if dcpp is not None else None
     transfer_s = measure_transfer(groups, cfg.chunk_size, stages[cfg.contenders[0]][0].hidden_size,
                                   stages[cfg.contenders[0]][0].dtype)
     rows = {c: MeasuredStream(c) for c in cfg.contenders}
@@ -127,7 +125,7 @@ def _chunking(cfg, name, planner, prompts, concurrency=None):
     """A contender's chunking and steps: fixed, the DCPP planner's, or (``shared_budget``) explicit
     chunk lists whose pieces fill one token budget per step across the requests, with those steps
     (each moved as one message per hop, :mod:`vpp.schedules.steps`)."""
-    dcpp = planner if name == "dcpp" else None
+    dcpp = planner if strategies.get(name).chunking == "dcpp" else None
     if cfg.shared_budget:
         lengths = [int(p.numel()) for p in prompts]
         requests, steps = shared_budget_stream(lengths, cfg.chunk_size, planner=dcpp, concurrency=concurrency)
