@@ -29,13 +29,13 @@ from vpp.perf.arch import Arch
 from vpp.perf.configs import get_config
 from vpp.perf.hardware import H100, H200
 from vpp.perf.decompose import decompose
-from vpp.perf.memory import kv_bytes_per_token_layer, rank_memory
+from vpp.perf.rank_memory import kv_bytes_per_token_layer, rank_memory
 from benchmarks._beyond_findings import findings
 from benchmarks._report import figure, kib, md_table, save
 from vpp.perf.runs import Setup, run
 from benchmarks.paper.sweep import KV_BYTES, MODELS, fitted_setups, paper_setup
 from vpp.perf.taper import best_taper
-from vpp.perf.tune import NothingFits, paper_best, tune
+from vpp.perf.deployment_search import NothingFits, paper_best, tune
 from vpp.schedules.ir import Request
 
 CHUNKS = (8192, 16384, 24576, 32768)

@@ -22,7 +22,7 @@ from vpp.perf.arch import Arch
 from vpp.perf.configs import LLAMA3_405B
 from vpp.perf.cp import ContextParallelCost, cp_rank_memory, full_prefill, model_flops
 from vpp.perf.hardware import H100, Device
-from vpp.perf.memory import rank_memory
+from vpp.perf.rank_memory import rank_memory
 from vpp.perf.ops import Parallel
 from vpp.perf.runs import Setup, run
 

@@ -31,6 +31,7 @@ from vpp.parallel.groups import ParallelGroups
 from vpp.schedules import TableCost, simulate_plan, strategies
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import profile_planner
+from vpp.runtime.layout_inference import check_agrees
 
 from vpp.models.run_layout import layout_for
 
@@ -68,7 +69,7 @@ class BenchConfig:
 
 
 @dataclass
-class Row:
+class MeasuredPrefill:
     schedule: str
     ttft: list[float] = field(default_factory=list)
     makespan: list[float] = field(default_factory=list)
@@ -137,7 +138,7 @@ def chunks_of(chunking, n: int, cached: int = 0) -> list[int]:
     return list(chunking(n, cached=cached) if cached else chunking(n))
 
 
-def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict]:
+def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[MeasuredPrefill], dict]:
     """Run every schedule ``cfg.repeat`` times, interleaved; returns the rows and run facts."""
     if cfg.pin and groups.accelerator.kind == "cpu" and groups.sizes.world_size <= (os.cpu_count() or 1):
         os.sched_setaffinity(0, {groups.global_rank % (os.cpu_count() or 1)})
@@ -160,7 +161,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
                 if strategies.get(s).chunking == "dcpp" else cfg.chunk_size for s in cfg.schedules}
     hidden = stages[cfg.schedules[0]][0].hidden_size
     transfer_s = measure_transfer(groups, cfg.chunk_size, hidden, dtype)
-    rows = {s: Row(s) for s in cfg.schedules}
+    rows = {s: MeasuredPrefill(s) for s in cfg.schedules}
     holds_first = {s: 0 in layouts[s].stages_of(groups.pp.rank) for s in cfg.schedules}
     last_logits: dict[str, torch.Tensor | None] = {}
     traces = {}
@@ -203,6 +204,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
             out, ttft = one(sched, prompt, f"round {r + 1}/{cfg.repeat} {sched}", cfg.cached_prefix)
             ttfts = gather_all(groups, ttft if out.logits is not None else None)
             ttft = max(t for t in ttfts if t is not None)
+            check_agrees(layouts[sched], out.plan.layout, f"vpp prefill --schedule {sched}")
             summary = out.trace.summarize()
             sim = replay(out.plan, out.trace, transfer_s)
             sim_summary = sim.summarize()
@@ -298,6 +300,6 @@ def _write_traces(directory: str, traces: dict) -> list[str]:
 
 
 __all__ = [
-    "BenchConfig", "Row", "cache_bytes", "chunks_of", "gather_all", "measure_transfer",
+    "BenchConfig", "MeasuredPrefill", "cache_bytes", "chunks_of", "gather_all", "measure_transfer",
     "replay", "run_bench", "say", "weight_bytes",
 ]

@@ -27,6 +27,7 @@ from vpp.cli.prefill_rounds import gather_all, measure_transfer, replay, say
 from vpp.schedules import strategies, stream_stats, workloads
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import profile_planner
+from vpp.runtime.layout_inference import check_agrees
 from vpp.schedules.shared_budget import shared_budget_stream
 from vpp.runtime.gpipe import gpipe_prefill
 
@@ -106,9 +107,9 @@ def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[Me
     rows = {c: MeasuredStream(c) for c in cfg.contenders}
     say(groups, f"stream: {wl.name}, {len(wl.lengths)} requests, {sum(wl.lengths)} tokens, concurrency "
                  f"{wl.concurrency}, chunk {cfg.chunk_size}, pp={groups.pp.size}")
-    _run_round(groups, cfg, stages, planner, [p[: cfg.chunk_size] for p in prompts[:2]], None, transfer_s, warmup=True)
+    _run_round(groups, cfg, stages, planner, [p[: cfg.chunk_size] for p in prompts[:2]], None, transfer_s, layouts, warmup=True)
     for r in range(cfg.repeat):
-        results = _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, warmup=False)
+        results = _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, layouts, warmup=False)
         for name, res in results.items():
             row = rows[name]
             for key, value in res.items():
@@ -133,7 +134,7 @@ def _chunking(cfg, name, planner, prompts, concurrency=None):
     return (dcpp.chunk_sizes if dcpp is not None else cfg.chunk_size), None
 
 
-def _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, *, warmup: bool) -> dict:
+def _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, layouts, *, warmup: bool) -> dict:
     out = {}
     arrivals = list(wl.arrivals) if wl else None
     concurrency = wl.concurrency if wl else None
@@ -156,6 +157,7 @@ def _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, *, warmup:
                                   concurrency=concurrency, return_trace=True, timeout_s=cfg.timeout_s)
             groups.accelerator.synchronize(groups.device)  # the makespan ends when the logits exist
             makespan = max(gather_all(groups, time.perf_counter() - start))
+            check_agrees(layouts[name], res.plan.layout, f"vpp serve-bench {name}")
             stats, bubble = stream_stats(res.trace, res.plan), res.trace.summarize().bubble_ratio
             replayed = (res.trace.summarize().makespan, replay(res.plan, res.trace, transfer_s).summarize().makespan)
         for st in mine:

@@ -115,12 +115,6 @@ class Run:
     requests: list
 
 
-def requests_for(setup: Setup, strategy: str, lengths, chunk: int, cost: DeploymentCost, layout) -> list:
-    if sch.strategies.get(strategy).chunking == "dcpp":
-        return dcpp_chunking(setup, lengths, chunk, cost, layout)
-    return sch.chunk_requests(lengths, chunk)
-
-
 def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None, *,
                   concurrency: int | None = None, with_steps: bool = False):
     """Requests cut by the DCPP planner of ``setup`` (profiled on ``cost``); with ``dcpp_online`` the
@@ -178,7 +172,10 @@ def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = 
         kind = spec.layout
     layout = setup.layout(kind, folds if kind != "loop" else 1, partition)
     cost = setup.cost(layout, strategy)
-    reqs = requests if requests is not None else requests_for(setup, strategy, lengths, chunk, cost, layout)
+    reqs = requests
+    if reqs is None:   # DCPP: one planner profiled on this cost (online, as configured); else fixed chunks
+        reqs = dcpp_chunking(setup, lengths, chunk, cost, layout) if spec.chunking == "dcpp" \
+            else sch.chunk_requests(lengths, chunk)
     order = "vpp" if spec.layout == "loop" and kind != "loop" else strategy  # CPP's blocking order on another layout
     sim = sch.simulate(order, layout, lengths, cost, requests=reqs)
     return Run(decompose(name or strategy, sim.plan, sim.trace, cost), sim.plan, sim.trace, cost, list(reqs))
@@ -200,4 +197,4 @@ def paper_setup(model: str, device: Device, *, tp: int = 8, pp: int = 2) -> Setu
     return Setup(Arch.from_config(cfg, name=model), device, par, pp)
 
 
-__all__ = ["KV_BYTES", "MODELS", "Run", "WEIGHT_BYTES", "paper_setup", "SYNC_MODES", "Setup", "dcpp_chunking", "requests_for", "run"]
+__all__ = ["KV_BYTES", "MODELS", "Run", "WEIGHT_BYTES", "paper_setup", "SYNC_MODES", "Setup", "dcpp_chunking", "run"]

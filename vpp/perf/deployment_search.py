@@ -29,8 +29,8 @@ from vpp.schedules.ir import Request
 
 from .cp import ContextParallelCost, cp_rank_memory
 from .decompose import decompose
-from .memory import rank_memory
-from .runs import Setup, requests_for
+from .rank_memory import rank_memory
+from .runs import Setup, dcpp_chunking
 from .taper import best_taper
 
 PAPER_CHUNKS = (8192, 16384, 24576, 32768)
@@ -56,7 +56,7 @@ class Candidate:
 
 @dataclass
 class Result:
-    """``memory``: the busiest device's peak bytes (weights, KV cache, activations; :mod:`.memory`),
+    """``memory``: the busiest device's peak bytes (weights, KV cache, activations; :mod:`.rank_memory`),
     ``fits``: within the device's memory."""
 
     candidate: Candidate
@@ -94,7 +94,7 @@ def evaluate(setup: Setup, cand: Candidate, length: int, sizes=None) -> Result:
     if sizes is not None:
         reqs = [Request(0, tuple(sizes))]
     elif cand.chunking == "dcpp":
-        reqs = requests_for(setup, "dcpp", [length], cand.chunk, cost, layout)
+        reqs = dcpp_chunking(setup, [length], cand.chunk, cost, layout)
     else:
         reqs = sch.chunk_requests([length], cand.chunk)
     order = "cpp" if cand.kind == "loop" else "vpp-async" if cand.comm == "async" else "vpp"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from .arch import Arch
 from .hardware import Device
-from .memory import kv_bytes_per_token_layer, layer_weight_bytes
+from .rank_memory import kv_bytes_per_token_layer, layer_weight_bytes
 from .ops import (Op, Parallel, _heads, _mla_projections, allreduce, embed_ops, ffn_ops, gemm, head_ops, layer_ops,
                   pp_message_bytes)
 
