@@ -70,6 +70,9 @@ class BenchConfig:
 
 @dataclass
 class MeasuredPrefill:
+    """One schedule's measured prefill over the rounds (one value per round), beside its simulated replay
+    (the measured stream's counterpart is :class:`vpp.cli.stream_rounds.MeasuredStream`)."""
+
     schedule: str
     ttft: list[float] = field(default_factory=list)
     makespan: list[float] = field(default_factory=list)
