@@ -33,10 +33,10 @@ from vpp.perf.arch import Arch
 from vpp.perf.configs import get_config
 from vpp.perf.hardware import H100, H200, get_device
 from vpp.perf.decompose import decompose
-from vpp.perf.memory import kv_bytes_per_token_layer, rank_memory
+from vpp.perf.rank_memory import kv_bytes_per_token_layer, rank_memory
 from vpp.perf.runs import KV_BYTES, MODELS, Setup, paper_setup, run
 from vpp.perf.taper import best_taper
-from vpp.perf.tune import NothingFits, paper_best, tune
+from vpp.perf.deployment_search import NothingFits, paper_best, tune
 from vpp.report import figure, kib, md_table, save
 from vpp.schedules.ir import Request
 

@@ -40,7 +40,7 @@ from vpp.perf.arch import Arch
 from vpp.perf.configs import LLAMA3_405B
 from vpp.perf.cp import ContextParallelCost, cp_rank_memory, full_prefill, model_flops
 from vpp.perf.hardware import H100, Device, get_device
-from vpp.perf.memory import rank_memory
+from vpp.perf.rank_memory import rank_memory
 from vpp.perf.ops import Parallel
 from vpp.perf.runs import KV_BYTES, WEIGHT_BYTES, Setup, paper_setup, run
 from vpp.report import kib, md_table

@@ -24,7 +24,7 @@ from vpp.schedules import strategies
 from vpp.schedules.cost import LinearCost
 from vpp.schedules.ir import chunk_requests
 from vpp.schedules.layout import make_layout
-from vpp.schedules.simulator import simulate
+from vpp.schedules.simulator import simulate_plan
 from vpp.testing.emulated_run import emulate
 
 SCHEDULES = ("cpp", "vpp", "vpp-async")
@@ -38,7 +38,7 @@ def row(schedule: str, pp: int, chunks: int, t: float, transfer_ratio: float) ->
     cost = LinearCost.eq2(per_stage, CHUNK, seconds_per_token=transfer_ratio * per_stage / CHUNK)
     plan = strategy.plan(layout, chunk_requests([chunks * CHUNK], CHUNK))
     res = emulate(plan, cost)
-    sim = max(s.end for s in simulate(plan, cost).spans)
+    sim = max(s.end for s in simulate_plan(plan, cost).spans)
     return {"schedule": schedule, "pp": pp, "comm": plan.comm,
             "host_blocking_waits_per_chunk": res.per_chunk("host_transfer_waits"),
             "host_compute_waits_per_chunk": round(res.per_chunk("host_compute_waits"), 3),

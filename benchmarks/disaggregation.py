@@ -18,7 +18,7 @@ TP1 x PP2 on a V (vpp-async) and a decode instance TP2 x PP1). For each tiny mod
 ``--decode-tp 1,2`` runs one world per decode TP size (1: a world of 3 ranks, the decode instance a
 single rank; 2: 4 ranks).
 
-Modelled (:mod:`vpp.perf.disaggregation`, the paper's deployment: 16 Ascend 910C dies, TP8 x PP2,
+Modelled (:mod:`vpp.perf.disaggregation_cost`, the paper's deployment: 16 Ascend 910C dies, TP8 x PP2,
 the weight and cache formats of ``vpp.perf.runs``): decode time per token in the prefill's V, on a
 decode instance of the same size as TP8 x PP2 (a loop) or TP16, whether it fits in HBM, and the
 hand-over time from the prefill to each, at 128K-1M tokens.
@@ -68,6 +68,7 @@ def _world(rank, world, models, lengths, chunk, steps, rounds, decode_tp):
     import torch.distributed as dist
 
     from vpp.models.registry import open_model
+    from vpp.models.run_layout import layout_for
     from vpp.parallel.instances import initialize_disaggregated
     from vpp.runtime import Pipeline, Sampler
     from vpp.kv.handover import hand_over, local_caches
@@ -79,7 +80,7 @@ def _world(rank, world, models, lengths, chunk, steps, rounds, decode_tp):
     rows = []
     for name in models:
         model = open_model(name)
-        layout = model.layout_for("vpp-async", 2) if link.is_prefill else model.layout("loop", 1)
+        layout = layout_for(model, "vpp-async", 2) if link.is_prefill else model.layout("loop", 1)
         pipe = Pipeline(model.stages(layout, link.groups), link.groups, timeout_s=1800)
         first = link.is_prefill and any(s.is_first for s in pipe.stages)
         greedy = Sampler()
@@ -162,7 +163,7 @@ def measured_table(rows: list[dict]) -> str:
 def modelled_table(lengths=PAPER_LENGTHS) -> str:
     from vpp.perf.hardware import ASCEND_910C
     from vpp.perf.runs import MODELS, paper_setup
-    from vpp.perf.disaggregation import decode_step, handover
+    from vpp.perf.disaggregation_cost import decode_step, handover
     from vpp.perf.ops import Parallel
     from vpp.schedules import make_layout
 
@@ -202,7 +203,7 @@ def main(argv=None) -> int:
             for row in measured(models, lengths, args.chunk, args.steps, args.rounds, int(tp))]
     text = (f"## Measured: tiny models, prefill TP1 x PP2 (V, vpp-async, chunks of {args.chunk}) -> decode TP x PP1\n\n"
             + measured_table(rows) + "\n\n## Modelled: the paper's deployment (16 Ascend 910C dies), "
-            "vpp.perf.disaggregation\n\n" + modelled_table(PAPER_LENGTHS[:1] if args.quick else PAPER_LENGTHS))
+            "vpp.perf.disaggregation_cost\n\n" + modelled_table(PAPER_LENGTHS[:1] if args.quick else PAPER_LENGTHS))
     print(text)
     if args.out:
         cmd = "PYTHONPATH=. python benchmarks/disaggregation.py " + " ".join(argv if argv is not None else sys.argv[1:])

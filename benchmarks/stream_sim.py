@@ -2,7 +2,7 @@
 
 Every strategy runs the same model (8 layers on 2 ranks unless told otherwise) under one cost model with
 linear tau_k and a transfer time: the development machine's measured per-layer law (tau_k ~ 89 +
-34 k ms per layer for 1K-token chunks; :func:`vpp.schedules.runner.machine_cost`). Workloads are
+34 k ms per layer for 1K-token chunks; :func:`vpp.schedules.stream_comparison.machine_cost`). Workloads are
 the paper's (Sec. 6.1) scaled by one factor (``--scale``, default 32, so the paper's 32K chunk is 1K):
 
 1. the Sec. 6.4 ablation stream: 256K-token requests, three in flight (the main table), also on deeper
@@ -30,8 +30,9 @@ import sys
 
 
 from vpp.schedules import strategies, workloads as W
-from vpp.schedules.runner import (EXTRA, STRATEGIES, StreamSetup, compare, format_effect, format_table,
-                                          packing_effect)
+from vpp.schedules.strategies import PLANNED as STRATEGIES
+from vpp.schedules.stream_comparison import (EXTRA, StreamSetup, compare, format_effect, format_table,
+                                             packing_effect)
 
 
 def section(title: str, setup: StreamSetup, workload, notes: str = "") -> tuple[str, dict]:

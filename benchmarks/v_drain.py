@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from vpp.schedules import LinearCost, Request, make_layout, simulate, strategies
+from vpp.schedules import LinearCost, Request, make_layout, simulate_plan, strategies
 
 C = 1024
 
@@ -29,7 +29,7 @@ def makespan(schedule: str, weights: tuple[float, ...], n: int, a: float, b: flo
     layout = make_layout(kind, 6, 2, partition=(3, 3) if kind == "loop" else (2, 1, 2, 1))  # weights set the costs
     plan = strategies.get(schedule).plan(layout, [Request(0, (C,) * n)])
     cost = LinearCost(per_token=a / C, per_token_prefix=b / C ** 2, stage_weights=weights)
-    return simulate(plan, cost, check=False).makespan
+    return simulate_plan(plan, cost, check=False).makespan
 
 
 def rows(a: float, b: float, chunk_counts) -> list[list]:

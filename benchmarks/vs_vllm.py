@@ -213,15 +213,16 @@ def vpp_world(rank: int, world: int, model_dir: str, chunk: int, commands, resul
     import torch.distributed as dist
 
     from vpp.models.registry import open_model
+    from vpp.models.run_layout import layout_for
     from vpp.parallel import ParallelGroups, initialize_model_parallel
 
     os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     groups = initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=world)
     model = open_model(model_dir, dtype="float32")
     single = ParallelGroups.single(groups.accelerator, groups.device)
-    stages = {"pp1": model.stages(model.layout_for("cpp", 1, 1), single) if rank == 0 else None,
-              "cpp": model.stages(model.layout_for("cpp", world, 1), groups),
-              "vpp-async": model.stages(model.layout_for("vpp-async", world, 1), groups)}
+    stages = {"pp1": model.stages(layout_for(model, "cpp", 1), single) if rank == 0 else None,
+              "cpp": model.stages(layout_for(model, "cpp", world), groups),
+              "vpp-async": model.stages(layout_for(model, "vpp-async", world), groups)}
     while True:
         cmd = [commands.get() if rank == 0 else None]
         dist.broadcast_object_list(cmd, src=0)
@@ -263,7 +264,8 @@ def _run(cmd, model, stages, groups, single, world: int, rank: int, chunk: int):
 def _stage_ids(model, sched: str, world: int, rank: int) -> list[int]:
     if sched == "pp1":
         return [0]
-    return list(model.layout_for(sched, world, 1).stages_of(rank))
+    from vpp.models.run_layout import layout_for
+    return list(layout_for(model, sched, world).stages_of(rank))
 
 
 def save_model(name: str, directory: str) -> str:

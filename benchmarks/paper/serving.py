@@ -33,8 +33,7 @@ from typing import Sequence
 
 from vpp.perf.runs import Setup, dcpp_chunking
 from vpp.schedules import simulate, strategies
-from vpp.schedules.shared_budget import shared_budget_stream
-from vpp.schedules.stream import StreamStats, stream_stats
+from vpp.schedules.stream import StreamStats
 from vpp.schedules.workloads import Workload
 
 from .published import CHUNKS
@@ -66,19 +65,14 @@ def serve(setup: Setup, workload: Workload, strategy: str, chunk: int, *, per_ra
     else:
         layout = setup.layout(spec.layout)
     cost = setup.cost(layout, strategy)
-    steps = None  # shared steps: one pipeline step carries several requests' pieces (vpp.schedules.steps)
+    requests = steps = None  # DCPP: cut by one online planner for the stream (vpp.perf.runs.dcpp_chunking)
     if spec.chunking == "dcpp":
         requests, steps = dcpp_chunking(setup, workload.lengths, chunk, cost, layout, workload.arrivals,
                                         concurrency=workload.concurrency, with_steps=True)
-    elif setup.shared_budget:
-        requests, steps = shared_budget_stream(workload.lengths, chunk, arrivals=workload.arrivals,
-                                               concurrency=workload.concurrency)
-    else:
-        requests = workload.requests(chunk)
     estimate = None if spec.packs and setup.packing_estimate == "eq2" else cost   # None: Algorithm 2's Eq. 2 law
-    plan = spec.plan(layout, requests, concurrency=workload.concurrency, cost=estimate, steps=steps)
-    trace = simulate(plan, cost, check=False)
-    return Served(strategy, chunk, stream_stats(trace, plan), sum(q.num_chunks for q in plan.requests))
+    sim = simulate(strategy, layout, workload, cost, chunk_size=chunk, shared_budget=setup.shared_budget,
+                   requests=requests, steps=steps, estimate=estimate)
+    return Served(strategy, chunk, sim.stats, sim.chunks)
 
 
 def best_budget(setup: Setup, workload: Workload, strategy: str, chunks: Sequence[int] = CHUNKS, *,

@@ -116,7 +116,7 @@ def test_shared_budget_dcpp_calibrates_on_each_step():
 
 
 def test_packing_estimate_switch():
-    from vpp.schedules import simulate, strategies
+    from vpp.schedules import simulate_plan, strategies
     from vpp.schedules.stream import stream_stats
 
     setup = tiny_setup().replace(packing_estimate="eq2")
@@ -125,6 +125,6 @@ def test_packing_estimate_switch():
     layout = setup.layout("v")
     cost = setup.cost(layout, "vpp-packed")
     plan = strategies.get("vpp-packed").plan(layout, w.requests(512), concurrency=4, cost=None)
-    assert r.stats.makespan == pytest.approx(stream_stats(simulate(plan, cost, check=False), plan).makespan)
+    assert r.stats.makespan == pytest.approx(stream_stats(simulate_plan(plan, cost, check=False), plan).makespan)
     with pytest.raises(ValueError, match="packing_estimate"):
         tiny_setup().replace(packing_estimate="x").cost(layout)

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from vpp.cli.prefill import report
 from vpp.models.toy import ToyStage
-from vpp.cli.prefill_rounds import BenchConfig, Row
+from vpp.cli.prefill_rounds import BenchConfig, MeasuredPrefill
 
 
 @pytest.mark.slow
@@ -43,7 +43,7 @@ def test_prefill_command_runs_every_schedule_and_checks_logits(tmp_path):
 
 def test_check_failure_is_loud(capsys):
     cfg = BenchConfig(model="toy", check=True)
-    rows = [Row("cpp", ttft=[1.0], max_abs_diff=0.5), Row("vpp", ttft=[1.0], max_abs_diff=1e-7)]
+    rows = [MeasuredPrefill("cpp", ttft=[1.0], max_abs_diff=0.5), MeasuredPrefill("vpp", ttft=[1.0], max_abs_diff=1e-7)]
     facts = {"transfer_s": 0.0, "layouts": {}, "check": {"cpp": 0.5, "vpp": 1e-7}}
     assert report(rows, facts, cfg, as_json=False, atol=1e-3) == 1
     assert "CHECK FAILED: logits of ['cpp'] differ" in capsys.readouterr().err
@@ -135,9 +135,9 @@ def test_the_why_line_names_the_ratio_per_round_and_the_bubbles(capsys):
     """TTFT of the fastest V schedule over CPP's, round by round (here 0.9, 0.95, 0.92: median 0.92), the
     median bubbles, and the layers that run alone at the end (the V's last stage vs CPP's last rank)."""
     from vpp.cli.prefill import why_line
-    rows = [Row("cpp", ttft=[10.0, 10.0, 10.0], bubble_ratio=[0.17, 0.18, 0.16]),
-            Row("vpp", ttft=[9.8, 9.9, 9.7], bubble_ratio=[0.13] * 3),
-            Row("vpp-async", ttft=[9.0, 9.5, 9.2], bubble_ratio=[0.09, 0.10, 0.08])]
+    rows = [MeasuredPrefill("cpp", ttft=[10.0, 10.0, 10.0], bubble_ratio=[0.17, 0.18, 0.16]),
+            MeasuredPrefill("vpp", ttft=[9.8, 9.9, 9.7], bubble_ratio=[0.13] * 3),
+            MeasuredPrefill("vpp-async", ttft=[9.0, 9.5, 9.2], bubble_ratio=[0.09, 0.10, 0.08])]
     facts = {"partitions": {"cpp": [3, 3], "vpp": [1, 1, 2, 2], "vpp-async": [2, 1, 2, 1]}}
     line = why_line(rows, facts)
     assert line == ("why VPP-Async is faster: TTFT 0.920 x CPP's [0.900-0.950] (per round); it left 9.0% of the "

@@ -22,7 +22,7 @@ from vpp.models.tiny import TINY_CONFIGS
 from vpp.transformer.moe import MoEConfig
 from vpp.perf.arch import Arch
 from vpp.perf.configs import CONFIGS
-from vpp.perf.memory import layer_weight_bytes
+from vpp.perf.rank_memory import layer_weight_bytes
 from vpp.perf.ops import Parallel
 
 tf = pytest.importorskip("transformers")

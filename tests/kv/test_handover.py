@@ -35,8 +35,9 @@ def references(tmp_path_factory):
 
 
 def _pipe(model, link, schedule, pp_p, pp_d):
+    from vpp.models.run_layout import layout_for
     from vpp.runtime import Pipeline
-    layout = model.layout_for(schedule, pp_p) if link.is_prefill else model.layout("loop", pp_d)
+    layout = layout_for(model, schedule, pp_p) if link.is_prefill else model.layout("loop", pp_d)
     return Pipeline(model.stages(layout, link.groups), link.groups, timeout_s=120)
 
 

@@ -9,7 +9,7 @@ from vpp.perf.batched import piece_times, step_parts
 from vpp.perf.deployment import DeploymentCost
 from vpp.perf.ops import Parallel, embed_ops, head_ops, layer_ops
 from vpp.perf.runs import Setup
-from vpp.schedules import make_layout, simulate, strategies
+from vpp.schedules import make_layout, simulate_plan, strategies
 from vpp.schedules.shared_budget import shared_budget_stream
 from vpp.schedules.workloads import Workload
 
@@ -123,7 +123,7 @@ def test_the_simulator_gives_each_piece_its_share():
     for batched in (True, False):
         cost = DeploymentCost(arch, STEPPED, layout, PAR, batched_steps=batched)
         plan = strategies.get("vpp-async").plan(layout, requests, steps=steps)
-        trace = simulate(plan, cost)
+        trace = simulate_plan(plan, cost)
         by_id = {q.id: q for q in requests}
         spans = {(s.stage, s.request, s.chunk): s.end - s.start for s in trace.spans if s.kind == "compute"}
         for g in steps:

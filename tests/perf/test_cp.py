@@ -8,7 +8,7 @@ from vpp.perf.cp import (ContextParallelCost, cp_weight_bytes, full_prefill, kv_
                          q_block_bytes, ring_attention_ops, straggle)
 from vpp.perf.deployment import DeploymentCost
 from vpp.perf.hardware import H100
-from vpp.perf.memory import layer_weight_bytes
+from vpp.perf.rank_memory import layer_weight_bytes
 from vpp.perf.ops import Parallel, causal_pairs, layer_ops
 from vpp.perf.runs import Setup, run
 from vpp.schedules import make_layout

@@ -12,7 +12,7 @@ from vpp.perf.deployment import DeploymentCost
 from vpp.perf.hardware import ASCEND_910C
 from vpp.perf.ops import Parallel
 from vpp.perf.runs import Setup, run
-from vpp.schedules import build_cpp, chunk_requests, make_layout, simulate
+from vpp.schedules import build_cpp, chunk_requests, make_layout, simulate_plan
 
 from tests.perf.archs import DEV, TINY_MLA
 
@@ -35,7 +35,7 @@ class UnitCost:
 def _async_cpp(chunks: int):
     layout = make_layout("loop", 2, 2)
     plan = build_cpp(layout, chunk_requests([10 * chunks], 10), comm="async")
-    return plan, simulate(plan, UnitCost())
+    return plan, simulate_plan(plan, UnitCost())
 
 
 def test_profiler_view_by_hand():
@@ -67,7 +67,7 @@ def test_a_receive_is_posted_no_earlier_than_its_step_is_dispatched():
     from vpp.schedules import strategies
     from vpp.schedules.ir import Request
     plan = strategies.get("vpp-async").plan(make_layout("v", 4, 2), [Request(0, (10,)), Request(1, (10,))])
-    trace = simulate(plan, UnitCost())
+    trace = simulate_plan(plan, UnitCost())
     row = decompose("x", plan, trace, UnitCost())
     assert (row.total, row.compute) == pytest.approx((10.0, 4.0))
     assert row.exposed_comm == pytest.approx((6.0 + 4.0) / 2) and row.bubble == pytest.approx(1.0)
@@ -79,7 +79,7 @@ def test_a_receive_is_posted_no_earlier_than_its_step_is_dispatched():
 def test_blocking_plans_wait_as_free_in_both_views():
     layout = make_layout("loop", 2, 2)
     plan = build_cpp(layout, chunk_requests([20], 10))
-    trace = simulate(plan, UnitCost())
+    trace = simulate_plan(plan, UnitCost())
     a, b = (decompose("x", plan, trace, UnitCost(), view=v) for v in ("profiler", "simulator"))
     assert (a.bubble, a.exposed_comm) == pytest.approx((b.bubble, b.exposed_comm))
     assert a.overlap_ratio == 0.0
@@ -94,8 +94,8 @@ def test_launch_stall_is_device_idle_on_synced_steps_only():
     assert synced.compute(0, 64, 128) == pytest.approx(plain.compute(0, 64, 128) + 0.25)
     assert synced.breakdown(0, 64, 128)["launch_stall"] == 0.25 and "launch_stall" not in plain.breakdown(0, 64, 128)
     plan = build_cpp(layout, chunk_requests([256], 64))
-    row = decompose("x", plan, simulate(plan, synced), synced)
-    ref = decompose("x", plan, simulate(plan, plain), plain)
+    row = decompose("x", plan, simulate_plan(plan, synced), synced)
+    ref = decompose("x", plan, simulate_plan(plan, plain), plain)
     assert row.launch_stall == pytest.approx(4 * 0.25)             # 4 chunks, one stage per rank: 4 calls per rank
     assert row.compute == pytest.approx(ref.compute)               # a stall is not computation ...
     assert row.free + row.launch_stall == pytest.approx(row.bubble)  # ... it is bubble

@@ -4,11 +4,11 @@ import pytest
 
 from vpp.cli import main
 from vpp.perf.arch import Arch
-from vpp.perf.memory import kv_bytes_per_token_layer, layer_weight_bytes, rank_memory, working_set
+from vpp.perf.rank_memory import kv_bytes_per_token_layer, layer_weight_bytes, rank_memory, working_set
 from vpp.perf.ops import Parallel
 from vpp.perf.runs import Setup, run
 from vpp.perf.taper import best_taper, tapered_sizes
-from vpp.perf.tune import Candidate, evaluate, paper_best, tune
+from vpp.perf.deployment_search import Candidate, evaluate, paper_best, tune
 
 from tests.perf.archs import DEV, TINY_GQA, TINY_MLA
 

@@ -33,6 +33,7 @@ def _prompts():
 
 def _run(rank, world, cases, first, more):
     from vpp.models.registry import open_model
+    from vpp.models.run_layout import layout_for
     from vpp.parallel import initialize_model_parallel
     from vpp.runtime import Pipeline
 
@@ -41,7 +42,7 @@ def _run(rank, world, cases, first, more):
     for key, path in cases:
         model = open_model(path)
         for schedule in SCHEDULES:
-            stages = model.stages(model.layout_for(schedule, world), groups)
+            stages = model.stages(layout_for(model, schedule, world), groups)
             pipe = Pipeline(stages, groups, timeout_s=120)
             holds_first = any(s.is_first for s in stages)
             mine = lambda ids, holds_first=holds_first: ids if holds_first else None  # noqa: E731

@@ -57,6 +57,7 @@ def _cases(references, pp):
 def _grid_run(rank, world, tp, pp, cases, prompts):
     """Every case on this grid; returns {(model key, what): tokens} on global rank 0."""
     from vpp.models.registry import open_model
+    from vpp.models.run_layout import layout_for
     from vpp.parallel import initialize_model_parallel
     from vpp.runtime import Pipeline, profile_planner
 
@@ -65,7 +66,7 @@ def _grid_run(rank, world, tp, pp, cases, prompts):
     for key, path in cases:
         model = open_model(path)
         for schedule in SCHEDULES + ("vpp-packed",):
-            stages = model.stages(model.layout_for(schedule, pp), groups)
+            stages = model.stages(layout_for(model, schedule, pp), groups)
             pipe = Pipeline(stages, groups, timeout_s=120)
             first = any(s.is_first for s in stages)
             chunking = profile_planner(stages, groups, 8).chunk_sizes if schedule == "dcpp" else 8
@@ -87,6 +88,7 @@ def _grid_run(rank, world, tp, pp, cases, prompts):
 
 def _handover(pipe, model, schedule, groups, prompts, key, pp):
     """Prefill, decode 4 tokens, export the caches, import them into fresh stages, decode on."""
+    from vpp.models.run_layout import layout_for
     from vpp.runtime import Pipeline, Sampler
 
     first = any(s.is_first for s in pipe.stages)
@@ -97,7 +99,7 @@ def _handover(pipe, model, schedule, groups, prompts, key, pp):
         tokens.append(int(greedy.sample(pipe.decode(torch.tensor(tokens[-1:]), [3]))[0]))
     moved = pipe.export_cache(3)
     pipe.release(3)
-    fresh = Pipeline(model.stages(model.layout_for(schedule, pp), groups), groups, timeout_s=120)
+    fresh = Pipeline(model.stages(layout_for(model, schedule, pp), groups), groups, timeout_s=120)
     fresh.import_cache(9, moved)
     while len(tokens) < NEW:
         tokens.append(int(greedy.sample(fresh.decode(torch.tensor(tokens[-1:]), [9]))[0]))

@@ -34,9 +34,9 @@ def test_watch_and_first_stage():
 
 def test_check_report_fails_on_a_nan_difference(capsys):
     """`nan > atol` is false: the report must not count it as a pass."""
-    from vpp.cli.prefill_rounds import BenchConfig, Row
+    from vpp.cli.prefill_rounds import BenchConfig, MeasuredPrefill
     from vpp.cli.prefill import report
-    row = Row("vpp")
+    row = MeasuredPrefill("vpp")
     row.max_abs_diff = float("nan")
     cfg = BenchConfig(model="tiny-deepseek", check=True, schedules=("vpp",), repeat=1)
     facts = {"transfer_s": 0.0, "layouts": {}, "check": {"vpp": float("nan"), "reference_max_abs": 1.0}}

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from vpp.schedules import (COMPUTE, HANDOFF, RECV, LinearCost, Request, Task, build_cpp, build_plan,
                            build_vpp, build_vpp_async, chunk_requests, link_group, make_layout,
-                           plan_from_orders, simulate, verify)
+                           plan_from_orders, simulate_plan, verify)
 from vpp.schedules.order import list_schedule, slot_key
 
 from tests.schedules.checks import check_runs_everything_once
@@ -49,7 +49,7 @@ def test_every_plan_verifies_and_runs_every_action_once(layout, requests, comm):
             verify(plan, semantics="serial")
         check_runs_everything_once(plan)
         check_requests_in_order(plan)
-        trace = simulate(plan, LinearCost(per_chunk=1.0, per_token=0.01, per_token_prefix=1e-4, latency=0.3,
+        trace = simulate_plan(plan, LinearCost(per_chunk=1.0, per_token=0.01, per_token_prefix=1e-4, latency=0.3,
                                           overlap=0.5), check=False)
         assert len(trace.of(kind="compute")) == sum(q.num_chunks for q in requests) * layout.num_stages
 

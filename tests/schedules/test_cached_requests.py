@@ -4,7 +4,7 @@ tail merging joins a small final chunk to the one before."""
 
 import pytest
 
-from vpp.schedules import Plan, Request, build_cpp, build_vpp_async, chunk_requests, make_layout, simulate, verify
+from vpp.schedules import Plan, Request, build_cpp, build_vpp_async, chunk_requests, make_layout, simulate_plan, verify
 from vpp.schedules.cost import LinearCost
 from vpp.schedules.ir import merge_tail
 
@@ -25,7 +25,7 @@ def test_simulated_chunks_attend_to_the_cached_prefix(builder, kind):
     reqs = [Request(0, (32, 32), cached=500)]
     plan = verify(builder(layout, reqs))
     assert Plan.from_json(plan.to_json()).requests == plan.requests
-    trace = simulate(plan, cost)
+    trace = simulate_plan(plan, cost)
     for s in trace.of(kind="compute"):
         offset = 500 + 32 * s.chunk
         # LinearCost: per_chunk + per_token t + per_token_prefix t * offset, per stage weight 1

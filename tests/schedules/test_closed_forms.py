@@ -31,7 +31,7 @@ the (N+1)^2 t of ``test_simulator.py``.
 
 import pytest
 
-from vpp.schedules import LinearCost, build_cpp, build_vpp, chunk_requests, make_layout, simulate, summarize
+from vpp.schedules import LinearCost, build_cpp, build_vpp, chunk_requests, make_layout, simulate_plan, summarize
 
 C = 10
 
@@ -42,7 +42,7 @@ def cost(a, b, **kw):
 
 def cpp(pp, n, a, b, comm="blocking", **kw):
     plan = build_cpp(make_layout("loop", pp, pp), chunk_requests([n * C], C), comm=comm)
-    return simulate(plan, cost(a, b, **kw))
+    return simulate_plan(plan, cost(a, b, **kw))
 
 
 @pytest.mark.parametrize("pp", [1, 3, 4, 6])
@@ -74,7 +74,7 @@ def test_cpp_async_constant_cost_is_a_flow_shop(pp):
 @pytest.mark.parametrize("a, b", [(2.0, 0.5), (0.5, 2.0), (1.0, 0.0)])
 def test_vpp_two_ranks_with_any_linear_cost(n, a, b):
     tau = [a + b * k for k in range(n)]
-    trace = simulate(build_vpp(make_layout("v", 4, 2), chunk_requests([n * C], C)), cost(a, b))
+    trace = simulate_plan(build_vpp(make_layout("v", 4, 2), chunk_requests([n * C], C)), cost(a, b))
     w_last = max(3 * a, 2 * a + b) + sum(2 * tau[j] for j in range(1, n - 1))
     assert trace.makespan == pytest.approx(w_last + 3 * tau[-1])
     idle = summarize(trace).bubble_per_rank

@@ -5,7 +5,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from vpp.schedules import build_cpp, make_layout, simulate, summarize, verify
+from vpp.schedules import build_cpp, make_layout, simulate_plan, summarize, verify
 from vpp.schedules.cost import LinearCost
 from vpp.schedules.dcpp import (DcppPlanner, dcpp_requests, fit_quadratic, profile_sizes, profiled_stages,
                                 stage_measure)
@@ -143,7 +143,7 @@ def test_requests_feed_cpp_and_simulate():
     reqs = dcpp_requests([40000, 9000], p)
     assert [q.length for q in reqs] == [40000, 9000] and reqs[0].num_chunks > 40000 // 4096
     plan = verify(build_cpp(layout, reqs))
-    s = summarize(simulate(plan, cost))
+    s = summarize(simulate_plan(plan, cost))
     assert s.makespan > 0 and s.compute > 0
 
 

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from vpp.schedules import (COMPUTE, LinearCost, PlanError, Request, build_cpp, build_vpp,
                            build_vpp_async, build_vpp_packed, chunk_requests, drain_idle, drain_windows,
-                           live_requests, make_layout, packed_chunks, request_done_times, request_ttft, simulate,
+                           live_requests, make_layout, packed_chunks, request_done_times, request_ttft, simulate_plan,
                            stream_stats, summarize, verify)
 from vpp.schedules.ir import replace_actions
 from vpp.schedules.packing import default_cost
@@ -97,7 +97,7 @@ def test_packed_plans_verify_and_keep_every_order(layout, requests, concurrency,
         verify(plan, semantics=semantics)
     check_runs_everything_once(plan)
     check_chunks_in_order(plan)
-    trace = simulate(plan, cost)
+    trace = simulate_plan(plan, cost)
     done = request_done_times(trace, plan)
     for s in trace.of(kind="compute"):
         assert s.start >= plan.request(s.request).arrival - 1e-9  # nothing before its request arrives
@@ -116,7 +116,7 @@ def test_packing_removes_drain_idle_for_deeper_pipelines(pp, folds, kind):
     requests = chunk_requests([8 * C] * 3, C)
     cost = eq2(latency=0.05)
     packed, alone = build_vpp_packed(layout, requests, cost=cost), build_vpp_async(layout, requests)
-    tp, ta = simulate(packed, cost), simulate(alone, cost)
+    tp, ta = simulate_plan(packed, cost), simulate_plan(alone, cost)
     if pp == 1 or kind == "interleaved":
         # One rank never idles; on an interleaved layout rank 0's share of R ends before R drains on the
         # other ranks, so R' follows it there without packing: nothing to pack either way.
@@ -132,8 +132,8 @@ def test_one_request_or_concurrency_one_is_vpp_async():
     one = chunk_requests([700], C)
     assert all(computes(build_vpp_packed(layout, one, cost=cost), r) == computes(build_vpp_async(layout, one), r)
                for r in range(3))
-    assert simulate(build_vpp_packed(layout, one, cost=cost), cost).makespan == \
-        pytest.approx(simulate(build_vpp_async(layout, one), cost).makespan)
+    assert simulate_plan(build_vpp_packed(layout, one, cost=cost), cost).makespan == \
+        pytest.approx(simulate_plan(build_vpp_async(layout, one), cost).makespan)
     three = chunk_requests([700, 500, 900], C)
     solo = build_vpp_packed(layout, three, cost=cost, concurrency=1)
     assert solo.concurrency == 1 and packed_chunks(solo) == {0: 0, 1: 0, 2: 0}
@@ -150,14 +150,14 @@ def test_loop_layouts_are_refused():
 def test_drain_window_holds_three_chunks_of_the_next_request():
     """N = 8, t = 1: the window is (N+1) t = 9; C'_0..C'_2 (1 + 2 + 3 = 6) fit, C'_3 (4 > 3 left) does not."""
     n = 8
-    alone = simulate(build_vpp_async(v2(), chunk_requests([n * C], C)), eq2())
+    alone = simulate_plan(build_vpp_async(v2(), chunk_requests([n * C], C)), eq2())
     window = gaps(alone, 0)
     assert window == [(pytest.approx(64.0), pytest.approx(73.0))]
     assert window[0][1] - window[0][0] == pytest.approx((n + 1) * 1.0)
 
     plan = build_vpp_packed(v2(), chunk_requests([n * C, n * C], C))  # the linear law: no cost model needed
     assert packed_chunks(plan) == {0: 0, 1: 3}
-    trace = simulate(plan, eq2())
+    trace = simulate_plan(plan, eq2())
     inside = [(s, q, c, b - a) for s, q, c, a, b in spans(trace, 0) if a >= 64.0 - 1e-9 and b <= 73.0 + 1e-9]
     assert inside == [(0, 1, 0, 1.0), (0, 1, 1, 2.0), (0, 1, 2, 3.0)]
     assert gaps(trace, 0)[0] == (pytest.approx(70.0), pytest.approx(73.0))  # 9 - 6 = 3 units left
@@ -173,9 +173,9 @@ def test_default_estimate_is_the_linear_law():
 @pytest.mark.parametrize("n,saved", [(5, 6.0), (6, 7.0), (7, 8.0), (8, 8.0)])
 def test_packing_shortens_a_two_request_stream_as_derived(n, saved):
     requests = chunk_requests([n * C, n * C], C)
-    sequential = simulate(build_vpp_async(v2(), requests), eq2())
+    sequential = simulate_plan(build_vpp_async(v2(), requests), eq2())
     packed_plan = build_vpp_packed(v2(), requests, cost=eq2())
-    packed = simulate(packed_plan, eq2())
+    packed = simulate_plan(packed_plan, eq2())
     assert packed_chunks(packed_plan)[1] == 3
     assert sequential.makespan == pytest.approx(2 * (n + 1) ** 2)
     assert packed.makespan == pytest.approx(2 * (n + 1) ** 2 - saved)
@@ -187,7 +187,7 @@ def test_packing_shortens_a_two_request_stream_as_derived(n, saved):
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 9, 12])
 def test_packing_strictly_helps_two_requests_for_any_length(n):
     requests = chunk_requests([n * C, n * C], C)
-    assert simulate(build_vpp_packed(v2(), requests, cost=eq2()), eq2()).makespan < 2 * (n + 1) ** 2
+    assert simulate_plan(build_vpp_packed(v2(), requests, cost=eq2()), eq2()).makespan < 2 * (n + 1) ** 2
 
 
 @pytest.mark.parametrize("builder", [build_vpp, build_vpp_async])
@@ -196,7 +196,7 @@ def test_sequential_vpp_idles_its_drain_between_requests(builder):
     plan = builder(v2(), chunk_requests([n * C, n * C], C))
     assert max(i for i, t in enumerate(computes(plan, 0)) if t[1] == 0) < \
         min(i for i, t in enumerate(computes(plan, 0)) if t[1] == 1)  # R' enters after R's last compute
-    trace = simulate(plan, eq2())
+    trace = simulate_plan(plan, eq2())
     assert trace.makespan == pytest.approx(2 * (n + 1) ** 2)
     r1_last = max(b for s, q, c, a, b in spans(trace, 1, 0))
     r1_next = min(a for s, q, c, a, b in spans(trace, 1, 1))
@@ -222,14 +222,14 @@ def test_arrivals_limit_packing_and_idle_before_them_is_waiting():
     mid = chunk_requests([n * C, n * C], C, arrivals=[0.0, 68.0])  # arrives 4 units into the window
     plan = build_vpp_packed(v2(), mid, cost=eq2())
     assert packed_chunks(plan)[1] == 2  # C'_0 + C'_1 = 3 <= 73 - 68 = 5; C'_2 would need 3 more
-    trace = simulate(plan, eq2())
+    trace = simulate_plan(plan, eq2())
     first = next(a for s, q, c, a, b in spans(trace, 0, 1))
     assert first == pytest.approx(68.0)
 
     late = chunk_requests([n * C, n * C], C, arrivals=[0.0, 100.0])  # after R is done (81)
     plan = build_vpp_packed(v2(), late, cost=eq2())
     assert packed_chunks(plan)[1] == 0
-    trace = simulate(plan, eq2())
+    trace = simulate_plan(plan, eq2())
     s = summarize(trace)
     assert trace.makespan == pytest.approx(100 + (n + 1) ** 2)
     assert s.waiting == pytest.approx(2 * (100 - 81))  # nothing in the system: both ranks wait
@@ -242,7 +242,7 @@ def test_arrivals_limit_packing_and_idle_before_them_is_waiting():
 def test_concurrency_gates_admission_and_ttft_starts_at_admission():
     requests = chunk_requests([4 * C] * 3, C)
     plan = verify(build_cpp(make_layout("loop", 4, 2), requests, concurrency=1))
-    trace = simulate(plan, eq2(stage_weights=(2.0, 2.0)))
+    trace = simulate_plan(plan, eq2(stage_weights=(2.0, 2.0)))
     done = request_done_times(trace, plan)
     firsts = [a for s, q, c, a, b in spans(trace, 0) if (s, c) == (0, 0)]
     assert firsts[1] == pytest.approx(done[0]) and firsts[2] == pytest.approx(done[1])
@@ -263,10 +263,10 @@ def test_a_gate_that_waits_on_a_later_compute_of_its_rank_is_a_deadlock():
 def test_kv_caches_of_two_requests_coexist_when_packed():
     requests = chunk_requests([800, 800, 800], C)
     packed = build_vpp_packed(v2(), requests, cost=eq2(), concurrency=2)
-    trace = simulate(packed, eq2())
+    trace = simulate_plan(packed, eq2())
     assert live_requests(trace, packed) == 2  # R's caches live until R finishes, R' has started
     alone = build_vpp_async(v2(), requests)
-    assert live_requests(simulate(alone, eq2()), alone) == 1
+    assert live_requests(simulate_plan(alone, eq2()), alone) == 1
     windows = drain_windows(trace, packed)
     assert [w[0] for w in windows] == [0, 1] and all(a < b for _, a, b in windows)
 

@@ -3,7 +3,7 @@
 
 import pytest
 
-from vpp.schedules import build_cpp, make_layout, simulate, verify
+from vpp.schedules import build_cpp, make_layout, simulate_plan, verify
 from vpp.schedules.cost import LinearCost
 from vpp.schedules.dcpp import DcppPlanner
 from vpp.schedules.shared_budget import shared_budget_requests, shared_budget_steps
@@ -43,7 +43,7 @@ def test_shared_budget_plans_verify_and_simulate(lengths):
     layout = make_layout("loop", 8, 2)
     cost = LinearCost(per_chunk=1e-3, per_token=1e-5, per_token_prefix=1e-8, stage_weights=(1.0, 1.0))
     plan = verify(build_cpp(layout, shared_budget_requests(lengths, 512)))
-    s = simulate(plan, cost).summarize()
+    s = simulate_plan(plan, cost).summarize()
     assert s.makespan > 0 and sum(q.new_tokens for q in plan.requests) == sum(lengths)
 
 

@@ -4,7 +4,7 @@ its transfer once, checked against closed-form makespans."""
 
 import pytest
 
-from vpp.schedules import build_cpp, build_vpp, build_vpp_async, chunk_requests, make_layout, simulate, verify
+from vpp.schedules import build_cpp, build_vpp, build_vpp_async, chunk_requests, make_layout, simulate_plan, verify
 from vpp.schedules.cost import FlopCost, LinearCost, step_overhead
 from vpp.schedules.ir import Plan, Request, replace_actions
 from vpp.schedules.shared_budget import shared_budget_requests, shared_budget_stream
@@ -75,15 +75,15 @@ def test_cpp_shared_budget_stream_closed_form():
     P, n, m, k, o, a = 2, 16, 100, 4, 1.0, 0.01
     layout = make_layout("loop", P, P)
     cost = LinearCost(per_chunk=o, per_token=a)
-    single = simulate(build_cpp(layout, chunk_requests([m] * n, m)), cost).makespan
+    single = simulate_plan(build_cpp(layout, chunk_requests([m] * n, m)), cost).makespan
     requests, steps = shared_budget_stream([m] * n, k * m)
-    shared = simulate(build_cpp(layout, requests, steps=steps), cost).makespan
+    shared = simulate_plan(build_cpp(layout, requests, steps=steps), cost).makespan
     assert single == pytest.approx((n + P - 1) * (o + a * m))
     assert shared == pytest.approx((n // k + P - 1) * (o + a * k * m))
     assert shared <= single
     assert single - shared == pytest.approx((n - n // k) * o - (P - 1) * (k - 1) * a * m)
     # the same pieces as steps of their own (no Plan.steps) pay every piece's overhead: no gain
-    alone = simulate(build_cpp(layout, shared_budget_requests([m] * n, k * m)), cost).makespan
+    alone = simulate_plan(build_cpp(layout, shared_budget_requests([m] * n, k * m)), cost).makespan
     assert alone == pytest.approx(single)
 
 
@@ -94,7 +94,7 @@ def test_a_steps_transfer_carries_its_tokens_with_one_latency():
     layout = make_layout("loop", 2, 2)
     cost = LinearCost(latency=L, seconds_per_token=s)
     requests, steps = _stream([100, 200, 150, 300], 256)
-    trace = simulate(build_cpp(layout, requests, steps=steps), cost)
+    trace = simulate_plan(build_cpp(layout, requests, steps=steps), cost)
     assert trace.makespan == pytest.approx(len(steps) * L + 750 * s)
 
 

@@ -32,7 +32,7 @@ With a transfer time d per activation (d <= t):
 import pytest
 
 from vpp.schedules import (FlopCost, LinearCost, TableCost, build_cpp, build_vpp, build_vpp_async,
-                           chunk_requests, make_layout, simulate, summarize)
+                           chunk_requests, make_layout, simulate_plan, summarize)
 from vpp.schedules.summary import timeline
 
 C = 100
@@ -42,7 +42,7 @@ def run(kind, builder, n, t=1.0, **cost):
     layout = make_layout(kind, 8, 2)
     weights = tuple(layers / 2 for layers in layout.partition)  # a 2-layer stage takes tau_k
     plan = builder(layout, chunk_requests([n * C], C))
-    return simulate(plan, LinearCost.eq2(t, C, stage_weights=weights, **cost))
+    return simulate_plan(plan, LinearCost.eq2(t, C, stage_weights=weights, **cost))
 
 
 def cpp(n, t=1.0, **kw):
@@ -125,7 +125,7 @@ def test_v_keeps_every_rank_busy_in_the_steady_state_for_more_ranks(pp):
     whose index averages out with it to the same value on every rank, so linear costs balance."""
     n = 4 * pp
     layout = make_layout("v", 2 * pp, pp)
-    trace = simulate(build_vpp(layout, chunk_requests([n * C], C)), LinearCost.eq2(1.0, C))
+    trace = simulate_plan(build_vpp(layout, chunk_requests([n * C], C)), LinearCost.eq2(1.0, C))
     comp = trace.of(kind="compute")
     fill_end = next(s.end for s in comp if s.stage == layout.last_stage and s.chunk == pp - 1)
     drain = max(s.end for s in comp if s.stage == 0)
@@ -140,7 +140,7 @@ def test_table_cost_reproduces_the_linear_model_and_interpolates():
     times = [[(k + 1) * t for k in range(n)] for _ in range(4)]
     table = TableCost.from_chunk_times(times, [C] * n)
     plan = build_vpp(make_layout("v", 8, 2), chunk_requests([n * C], C))
-    assert simulate(plan, table).makespan == pytest.approx((n + 1) ** 2 * t)
+    assert simulate_plan(plan, table).makespan == pytest.approx((n + 1) ** 2 * t)
     sparse = TableCost(table={(C, 0): 1.0, (C, 2 * C): 3.0, (50, 0): 0.4})
     assert sparse.compute(0, C, C) == pytest.approx(2.0) and sparse.compute(0, C, 4 * C) == pytest.approx(5.0)
     assert sparse.compute(0, 50, 1000) == pytest.approx(0.4)

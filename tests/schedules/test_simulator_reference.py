@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from vpp.schedules import LinearCost, Request, STRATEGIES, make_layout, simulate
+from vpp.schedules import LinearCost, Request, STRATEGIES, make_layout, simulate_plan
 
 
 def reference_ends(plan, duration, latency):
@@ -80,7 +80,7 @@ def test_every_compute_ends_when_the_reference_says(seed):
     by_id = {q.id: q for q in plan.requests}
     ends, makespan = reference_ends(plan, lambda s, q, c: cost.compute(s, by_id[q].tokens(c), by_id[q].offset(c)),
                                     cost.latency)
-    trace = simulate(plan, cost)
+    trace = simulate_plan(plan, cost)
     got = {(s.stage, s.request, s.chunk): s.end for s in trace.of(kind="compute")}
     assert got == pytest.approx(ends)
     assert trace.makespan == pytest.approx(makespan)

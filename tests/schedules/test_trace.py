@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from vpp.schedules import (LinearCost, Span, Trace, build_vpp_async, chunk_requests, make_layout, simulate,
+from vpp.schedules import (LinearCost, Span, Trace, build_vpp_async, chunk_requests, make_layout, simulate_plan,
                            summarize)
 from vpp.schedules.summary import format_summaries
 
@@ -12,7 +12,7 @@ from vpp.schedules.summary import format_summaries
 @pytest.fixture(scope="module")
 def trace():
     plan = build_vpp_async(make_layout("v", 8, 2), chunk_requests([500, 200], 100))
-    return simulate(plan, LinearCost.eq2(1.0, 100, latency=0.2))
+    return simulate_plan(plan, LinearCost.eq2(1.0, 100, latency=0.2))
 
 
 def test_json_round_trip(trace, tmp_path):

@@ -14,7 +14,7 @@ from vpp.schedules import strategies
 from vpp.schedules.cost import LinearCost
 from vpp.schedules.ir import COMPUTE, RECV, chunk_requests, replace_actions
 from vpp.schedules.layout import make_layout
-from vpp.schedules.simulator import simulate
+from vpp.schedules.simulator import simulate_plan
 from vpp.testing.emulated_run import EmulatedOps, EmulatedRun, emulate
 from vpp.testing.emulated_device import EmulationError
 from vpp.runtime.watchdog import ExecutionError
@@ -38,7 +38,7 @@ def _cost(transfer_ratio=1.0, t=0.01):
 def test_emulated_device_reproduces_the_simulator_and_the_host_never_waits_for_a_transfer(schedule, pp):
     plan, cost = _plan(schedule, pp), _cost()
     res = emulate(plan, cost)
-    sim = max(s.end for s in simulate(plan, cost).spans)
+    sim = max(s.end for s in simulate_plan(plan, cost).spans)
     assert res.makespan_s == pytest.approx(sim, rel=1e-9)  # the same rules: the same timeline
     assert res.per_chunk("host_transfer_waits") == 0
     assert all(c.end_waits == 1 for c in res.counters)

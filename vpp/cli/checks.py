@@ -10,12 +10,12 @@ from vpp.cli.args import UsageError
 
 def open_checked(spec: str, *, tp: int, pp: int, schedules, folds: int = 1, ep: int = 1,
                  chunk: int | None = None, seq_len: int | None = None, partition: str = "even"):
-    """The :class:`~vpp.models.registry.ModelSource` of ``spec`` once every layout the ``schedules``
-    need is known to build on a (tp, pp, ep) grid; a :class:`UsageError` naming the problem
-    otherwise."""
-    from vpp.cli.prefill_rounds import layout_for
+    """The :class:`~vpp.models.registry.ModelSource` of ``spec`` and each schedule's layout (chosen here,
+    once per run, by :func:`vpp.models.run_layout.layout_for`), once every layout is known to build on a
+    (tp, pp, ep) grid; a :class:`UsageError` naming the problem otherwise."""
     from vpp.config import ConfigError
     from vpp.models.registry import BUILTIN, open_model
+    from vpp.models.run_layout import layout_for
     from vpp.parallel.grid import GridSizes
 
     if spec not in BUILTIN and not os.path.isdir(spec):
@@ -27,14 +27,15 @@ def open_checked(spec: str, *, tp: int, pp: int, schedules, folds: int = 1, ep: 
     except (ConfigError, ValueError, OSError) as exc:
         raise UsageError(f"--model {spec}: {exc}") from None
     sizes = GridSizes(tp * pp, tp=tp, pp=pp, ep=ep)
+    layouts = {}
     for schedule in schedules:
         try:
-            layout = layout_for(model, schedule, pp, folds, chunk=chunk, seq_len=seq_len, partition=partition)
-            model.check(layout, sizes)
+            layouts[schedule] = layout_for(model, schedule, pp, folds, chunk=chunk, seq_len=seq_len, partition=partition)
+            model.check(layouts[schedule], sizes)
         except ValueError as exc:
             raise UsageError(f"{schedule} with --tp {tp} --pp {pp}"
                              + (f" --folds {folds}" if folds > 1 else "") + f" on {spec}: {exc}") from None
-    return model
+    return model, layouts
 
 
 def _check_files(model_dir: str) -> None:

@@ -94,6 +94,8 @@ class GenerateJob:
     load_kv: str | None = None
     first_tokens: list[int] | None = None  # --load-kv: the tokens generated before the caches were saved
     sampler_state: str | None = None  # hex of the sampler's generator state
+    layout: object = None  # the run's Layout, chosen once by check (vpp.models.run_layout.layout_for; --load-kv: a loop)
+    decode_layout: object = None  # --decode-tp: the decode group's loop layout
 
 
 def check(args) -> None:
@@ -112,9 +114,11 @@ def check(args) -> None:
     if args.decode_tp is not None and (args.save_kv or args.load_kv):
         raise UsageError("--decode-tp hands the caches over between ranks; --save-kv / --load-kv through a directory: "
                          "choose one")
-    model = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=["cpp" if args.load_kv else args.schedule])
+    run_as = "cpp" if args.load_kv else args.schedule  # --load-kv continues on a loop of the tp x pp ranks
+    model, layouts = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=[run_as])
+    decode_layout = None
     if args.decode_tp is not None:
-        open_checked(args.model, tp=args.decode_tp, pp=args.decode_pp or 1, schedules=["cpp"])
+        decode_layout = open_checked(args.model, tp=args.decode_tp, pp=args.decode_pp or 1, schedules=["cpp"])[1]["cpp"]
     args.tokenizer = _tokenizer(args)
     saved = _saved_request(args.load_kv) if args.load_kv else None
     if saved is not None:
@@ -143,8 +147,7 @@ def check(args) -> None:
     if limit is not None and len(ids) + args.max_new_tokens > limit:
         raise UsageError(f"a prompt of {len(ids)} tokens plus --max-new-tokens {args.max_new_tokens} exceeds the "
                          f"model's {limit} positions")
-    from vpp.cli.prefill_rounds import layout_for
-    check_memory(model, {args.schedule: layout_for(model, args.schedule, args.pp)}, tp=args.tp,
+    check_memory(model, layouts, tp=args.tp,
                  tokens=len(ids) + args.max_new_tokens, chunk=args.chunk_size,
                  option=f" plus {args.max_new_tokens} new tokens")
     args.job = GenerateJob(args.model, args.tp, args.pp, args.schedule, args.chunk_size, args.max_new_tokens, ids,
@@ -154,7 +157,8 @@ def check(args) -> None:
                            cached_prefix=args.cached_prefix,
                            decode_tp=args.decode_tp, decode_pp=args.decode_pp or 1, save_kv=args.save_kv,
                            load_kv=args.load_kv, first_tokens=saved["generated"] if saved else None,
-                           sampler_state=saved.get("sampler_state") if saved else None)
+                           sampler_state=saved.get("sampler_state") if saved else None,
+                           layout=layouts[run_as], decode_layout=decode_layout)
     if args.save_kv:
         _check_output_dir(args.save_kv, args.tp * args.pp)
 
@@ -221,7 +225,7 @@ def _worker(rank: int, world: int, job: GenerateJob, has_tokenizer: bool):
 
     groups = initialize_model_parallel(job.tp, job.pp)
     model = open_model(job.model, dtype=job.dtype, device_kind=groups.accelerator.kind)
-    stages = model.stages(model.layout_for(job.schedule, job.pp), groups)
+    stages = model.stages(job.layout, groups)
     pipe = Pipeline(stages, groups, timeout_s=job.timeout_s)
     chunking = job.chunk_size
     if strategies.get(job.schedule).chunking == "dcpp":
@@ -272,11 +276,11 @@ def _disaggregated_worker(job: GenerateJob, has_tokenizer: bool):
 
     link = initialize_disaggregated(job.tp, job.pp, job.decode_tp, job.decode_pp)
     model = open_model(job.model, dtype=job.dtype, device_kind=link.groups.accelerator.kind)
-    layout = model.layout_for(job.schedule, job.pp) if link.is_prefill else model.layout("loop", job.decode_pp)
+    layout = job.layout if link.is_prefill else job.decode_layout
     stages = model.stages(layout, link.groups)
     pipe = Pipeline(stages, link.groups, timeout_s=job.timeout_s)
     chunking = job.chunk_size
-    if link.is_prefill and job.schedule == "dcpp":
+    if link.is_prefill and strategies.get(job.schedule).chunking == "dcpp":
         chunking = profile_planner(stages, link.groups, job.chunk_size).chunk_sizes
     leader = link.groups.global_rank == link.decode_ranks[0]
     holds_first = link.is_prefill and any(s.is_first for s in stages)
@@ -312,7 +316,7 @@ def _load_worker(job: GenerateJob, has_tokenizer: bool):
 
     groups = initialize_model_parallel(job.tp, job.pp)
     model = open_model(job.model, dtype=job.dtype, device_kind=groups.accelerator.kind)
-    pipe = Pipeline(model.stages(model.layout("loop", job.pp), groups), groups, timeout_s=job.timeout_s)
+    pipe = Pipeline(model.stages(job.layout, groups), groups, timeout_s=job.timeout_s)
     load_cache(pipe, 0, job.load_kv, reserve=job.max_new_tokens)
     sampler = _sampler(job)
     if job.sampler_state is not None:
@@ -327,7 +331,8 @@ def _load_worker(job: GenerateJob, has_tokenizer: bool):
 def _config(job: GenerateJob) -> dict:
     """The job's settings for the JSON output: the hand-over's only when used (internal ones never)."""
     extra = ("decode_tp", "decode_pp", "save_kv", "load_kv")
-    out = {k: v for k, v in asdict(job).items() if k not in ("prompt_ids", "first_tokens", "sampler_state")}
+    out = {k: v for k, v in asdict(job).items()
+           if k not in ("prompt_ids", "first_tokens", "sampler_state", "layout", "decode_layout")}
     if job.decode_tp is None:
         out.pop("decode_pp")
     return {k: v for k, v in out.items() if k not in extra or v is not None}

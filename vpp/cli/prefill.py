@@ -132,12 +132,9 @@ def check(args) -> None:
     if args.cached_prefix >= args.seq_len:
         raise UsageError(f"--cached-prefix {args.cached_prefix} leaves nothing to prefill of a {args.seq_len}-token "
                          f"prompt")
-    checked = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
-                           chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
-    from vpp.cli.prefill_rounds import layout_for
-    layouts = {s: layout_for(checked, s, args.pp, args.folds, chunk=args.chunk_size, seq_len=args.seq_len,
-                             partition=args.partition) for s in args.schedules}
-    args.memory_plan = check_memory(model, layouts, tp=args.tp, tokens=args.seq_len, chunk=args.chunk_size,
+    _, args.layouts = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
+                                   chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
+    args.memory_plan = check_memory(model, args.layouts, tp=args.tp, tokens=args.seq_len, chunk=args.chunk_size,
                                     device=args.device)
     if args.save_logits:
         writable_file(args.save_logits, "--save-logits")
@@ -154,7 +151,7 @@ def _config(args):
                        moe_dispatch=args.moe_dispatch, timeout_s=args.timeout, check=args.check,
                        trace_dir=args.trace, save_logits=args.save_logits, prompt=args.prompt,
                        progress=None if args.no_progress else progress_bar, cached_prefix=args.cached_prefix,
-                       dcpp_mode=args.dcpp_mode, dcpp_min_chunk=args.dcpp_min_chunk)
+                       dcpp_mode=args.dcpp_mode, dcpp_min_chunk=args.dcpp_min_chunk, layouts=args.layouts)
 
 
 def _worker(rank: int, world: int, cfg):
@@ -196,7 +193,7 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float, memory_plan: dict | 
         # "not <=": a NaN difference (NaN or Inf on either side) fails, it never passes
         failed = [r.schedule for r in rows if r.max_abs_diff is None or not r.max_abs_diff <= atol]
     if as_json:
-        out = {"config": {k: v for k, v in vars(cfg).items() if k != "progress"}, "transfer_s": facts["transfer_s"],
+        out = {"config": {k: v for k, v in vars(cfg).items() if k not in ("progress", "layouts")}, "transfer_s": facts["transfer_s"],
                "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
                "atol": atol if cfg.check else None, "memory_method": facts.get("memory_method"),
                "why": why_line(rows, facts), "memory": _memory_json(rows, memory_plan)}

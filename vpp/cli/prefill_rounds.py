@@ -28,11 +28,12 @@ import torch.distributed as dist
 from vpp.models.registry import open_model
 from vpp.parallel.comm import irecv, isend
 from vpp.parallel.groups import ParallelGroups
-from vpp.schedules import TableCost, make_layout, simulate, strategies
+from vpp.schedules import TableCost, simulate_plan, strategies
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import profile_planner
+from vpp.runtime.layout_inference import check_agrees
 
-from vpp.models.run_layout import choose_partition
+from vpp.models.run_layout import layout_for
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,15 @@ class BenchConfig:
     cached_prefix: int = 0           # the first N tokens are prefilled untimed before each timed run
     dcpp_mode: str = "vllm-ascend"   # a vpp.schedules.dcpp.VARIANTS mode
     dcpp_min_chunk: int | None = None
+    # schedule -> its layout, chosen once by the command (vpp.models.run_layout.layout_for); None: chosen here
+    layouts: dict | None = None
 
 
 @dataclass
-class Row:
+class MeasuredPrefill:
+    """One schedule's measured prefill over the rounds (one value per round), beside its simulated replay
+    (the measured stream's counterpart is :class:`vpp.cli.stream_rounds.MeasuredStream`)."""
+
     schedule: str
     ttft: list[float] = field(default_factory=list)
     makespan: list[float] = field(default_factory=list)
@@ -116,29 +122,17 @@ def measure_transfer(groups: ParallelGroups, tokens: int, hidden: int, dtype: to
 
 
 def replay(plan, trace, transfer_s: float):
-    """Replay ``plan`` with the compute times measured in ``trace`` (median per stage and chunk)."""
+    """Replay ``plan`` with the compute times measured in ``trace`` (median per stage and chunk). The
+    executed plan itself is simulated (:func:`vpp.schedules.simulate_plan`), not rebuilt by the runner
+    from its strategy: a plan keeps only the steps shared by two or more pieces, so the builder's step
+    list cannot be recovered from it."""
     per_stage: dict[int, dict] = {}
     requests = {q.id: q for q in plan.requests}
     for s in trace.of(kind="compute"):
         q = requests[s.request]
         per_stage.setdefault(s.stage, {})[(q.tokens(s.chunk), q.offset(s.chunk))] = s.duration
     cost = TableCost(per_stage=per_stage, latency=transfer_s, overlap=0.0 if plan.comm == "blocking" else 1.0)
-    return simulate(plan, cost, check=False)
-
-
-def layout_for(model, schedule: str, pp: int, folds: int = 1, *, chunk: int | None = None,
-               seq_len: int | None = None, partition: str = "even"):
-    """The layout ``schedule`` runs ``model`` on: its strategy's kind, stages as even as the model's
-    allowed stage starts permit, or (``partition="rank"``, given the chunk and prompt sizes) balanced
-    per rank on the cost model and, among ties, the fastest for ``schedule`` on the whole prompt
-    (:mod:`vpp.models.run_layout`)."""
-    kind = strategies.get(schedule).layout
-    if partition == "even" or chunk is None or seq_len is None:
-        return model.layout_for(schedule, pp, folds)
-    folds = 1 if kind == "loop" else folds
-    sizes = choose_partition(model, kind, pp, folds, chunk=chunk, seq_len=seq_len, how=partition,
-                             schedule=schedule)
-    return make_layout(kind, model.num_layers, pp, folds=folds, partition=sizes)
+    return simulate_plan(plan, cost, check=False)
 
 
 def chunks_of(chunking, n: int, cached: int = 0) -> list[int]:
@@ -147,7 +141,7 @@ def chunks_of(chunking, n: int, cached: int = 0) -> list[int]:
     return list(chunking(n, cached=cached) if cached else chunking(n))
 
 
-def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict]:
+def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[MeasuredPrefill], dict]:
     """Run every schedule ``cfg.repeat`` times, interleaved; returns the rows and run facts."""
     if cfg.pin and groups.accelerator.kind == "cpu" and groups.sizes.world_size <= (os.cpu_count() or 1):
         os.sched_setaffinity(0, {groups.global_rank % (os.cpu_count() or 1)})
@@ -159,8 +153,8 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
         prompt = torch.tensor(cfg.prompt, dtype=torch.long)
     else:
         prompt = torch.randint(0, vocab, (cfg.seq_len,), generator=torch.Generator().manual_seed(cfg.seed + 1))
-    layouts = {sched: layout_for(model, sched, groups.pp.size, cfg.folds, chunk=cfg.chunk_size, seq_len=cfg.seq_len,
-                                 partition=cfg.partition) for sched in cfg.schedules}
+    layouts = cfg.layouts or {sched: layout_for(model, sched, groups.pp.size, cfg.folds, chunk=cfg.chunk_size,
+                                                seq_len=cfg.seq_len, partition=cfg.partition) for sched in cfg.schedules}
     stages = {sched: model.stages(layouts[sched], groups) for sched in cfg.schedules}
     say(groups, f"vpp prefill: {cfg.model}, tp={cfg.tp} pp={cfg.pp}, {cfg.seq_len} tokens in chunks of "
                  f"{cfg.chunk_size}; " + "; ".join(f"{s}: {layouts[s].describe()}" for s in cfg.schedules))
@@ -170,7 +164,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
                 if strategies.get(s).chunking == "dcpp" else cfg.chunk_size for s in cfg.schedules}
     hidden = stages[cfg.schedules[0]][0].hidden_size
     transfer_s = measure_transfer(groups, cfg.chunk_size, hidden, dtype)
-    rows = {s: Row(s) for s in cfg.schedules}
+    rows = {s: MeasuredPrefill(s) for s in cfg.schedules}
     holds_first = {s: 0 in layouts[s].stages_of(groups.pp.rank) for s in cfg.schedules}
     last_logits: dict[str, torch.Tensor | None] = {}
     traces = {}
@@ -213,6 +207,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
             out, ttft = one(sched, prompt, f"round {r + 1}/{cfg.repeat} {sched}", cfg.cached_prefix)
             ttfts = gather_all(groups, ttft if out.logits is not None else None)
             ttft = max(t for t in ttfts if t is not None)
+            check_agrees(layouts[sched], out.plan.layout, f"vpp prefill --schedule {sched}")
             summary = out.trace.summarize()
             sim = replay(out.plan, out.trace, transfer_s)
             sim_summary = sim.summarize()
@@ -308,6 +303,6 @@ def _write_traces(directory: str, traces: dict) -> list[str]:
 
 
 __all__ = [
-    "BenchConfig", "Row", "cache_bytes", "chunks_of", "gather_all", "layout_for", "measure_transfer",
+    "BenchConfig", "MeasuredPrefill", "cache_bytes", "chunks_of", "gather_all", "measure_transfer",
     "replay", "run_bench", "say", "weight_bytes",
 ]

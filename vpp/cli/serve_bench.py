@@ -59,12 +59,11 @@ def check(args) -> None:
         raise UsageError(f"--contenders gpipe needs prompt lengths that are multiples of --chunk-size "
                          f"{args.chunk_size}; the {args.workload} workload has {sorted(set(lengths))[:6]} "
                          f"(drop gpipe or change --chunk-size / --scale)")
-    schedules = [c for c in contenders if c != "gpipe"] or ["cpp"]
-    model = open_checked(args.model, tp=1, pp=args.pp, schedules=schedules)
+    schedules = [c for c in contenders if strategies.get(c).builder is not None] or ["cpp"]  # vpp plans
+    model, layouts = open_checked(args.model, tp=1, pp=args.pp, schedules=list(dict.fromkeys(contenders + tuple(schedules))))
     check_positions(model.config, max(lengths), f"the longest prompt of the {args.workload} workload")
-    from vpp.cli.prefill_rounds import layout_for
-    check_memory(model, {s: layout_for(model, s, args.pp) for s in schedules}, tp=1, tokens=max(lengths),
-                 chunk=args.chunk_size)
+    check_memory(model, {s: layouts[s] for s in schedules}, tp=1, tokens=max(lengths), chunk=args.chunk_size)
+    args.cfg.layouts = {c: layouts[c] for c in contenders}
 
 
 def _worker(rank, world, cfg):
@@ -85,7 +84,7 @@ def run(args) -> int:
         return 0
     rows, facts = out
     if args.json:
-        print(json.dumps({"config": vars(cfg), "facts": facts,
+        print(json.dumps({"config": {k: v for k, v in vars(cfg).items() if k != "layouts"}, "facts": facts,
                           "rows": [{k: v for k, v in vars(r).items()} for r in rows]}, indent=2, default=str))
     else:
         print(format_rows(rows, facts, cfg))

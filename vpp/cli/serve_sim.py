@@ -9,7 +9,7 @@ Example::
 
 Lengths are the paper's divided by ``--scale``; ``--chunk-size`` is in scaled tokens (default 1024: the
 paper's 32K at scale 32). The cost model is this machine's per-layer law
-(:func:`vpp.schedules.runner.machine_cost`: the development machine's per-layer law).
+(:func:`vpp.schedules.stream_comparison.machine_cost`: the development machine's per-layer law).
 """
 
 from __future__ import annotations
@@ -66,12 +66,12 @@ def workload_from_args(args):
 
 
 def check(args) -> None:
-    from vpp.schedules.runner import EXTRA, STRATEGIES
     from vpp.schedules import strategies as registry
+    from vpp.schedules.stream_comparison import EXTRA
     from vpp.schedules.layout import make_layout
 
     try:
-        args.strategy_names = registry.parse(args.strategies or STRATEGIES, STRATEGIES + EXTRA)
+        args.strategy_names = registry.parse(args.strategies or registry.PLANNED, registry.PLANNED + EXTRA)
     except ValueError as exc:
         raise UsageError(f"--strategies: {exc}") from None
     check_workload_options(args.workload, {"--n": (args.n, ("short", "mixed")),
@@ -87,7 +87,7 @@ def check(args) -> None:
 
 
 def run(args) -> int:
-    from vpp.schedules.runner import StreamSetup, compare, format_effect, format_table, packing_effect
+    from vpp.schedules.stream_comparison import StreamSetup, compare, format_effect, format_table, packing_effect
 
     strategies = args.strategy_names
     workload = args.workload_obj

@@ -22,6 +22,14 @@ from vpp.cli.args import (UsageError, check_chunk_count, fraction, nonnegative_i
                           writable_files_in)
 
 
+COMPARED = ("cpp", "vpp", "vpp-async")  # CPP on a loop of the same layers; VPP and VPP-Async on --layout
+
+
+def _labels() -> list[str]:
+    from vpp.schedules import strategies
+    return [strategies.get(name).label for name in COMPARED]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pp", type=positive_int, required=True, help="pipeline ranks P")
     parser.add_argument("--layout", default="v", choices=("v", "interleaved", "loop"), help="layout of the VPP plans")
@@ -54,7 +62,7 @@ def check(args) -> None:
     for option, folder, suffixes in (("--trace-dir", args.trace_dir, (".trace.json", ".chrome.json")),
                                      ("--png-dir", args.png_dir, (".png",))):
         if folder:
-            writable_files_in(folder, [p + s for p in ("cpp", "vpp", "vpp-async") for s in suffixes], option)
+            writable_files_in(folder, [p.lower() + s for p in _labels() for s in suffixes], option)
 
 
 def _cost(args, layout):
@@ -69,21 +77,23 @@ def _cost(args, layout):
 
 
 def run(args) -> int:
-    from vpp.schedules.builders import build_cpp, build_vpp, build_vpp_async
-    from vpp.schedules.ir import chunk_requests
+    from vpp.schedules import strategies
     from vpp.schedules.layout import make_layout
-    from vpp.schedules.simulator import simulate
+    from vpp.schedules.runner import simulate
     from vpp.schedules.summary import format_summaries, summaries_json, summarize
 
     stages = args.pp * (1 if args.layout == "loop" else 2 * args.folds)
     layers = args.layers or 4 * stages
     vpp_layout = make_layout(args.layout, layers, args.pp, folds=args.folds if args.layout != "loop" else 1)
     cpp_layout = make_layout("loop", layers, args.pp)
-    requests = chunk_requests(args.seq_len, args.chunk_size)
-    plans = {"CPP": build_cpp(cpp_layout, requests),
-             "VPP": build_vpp(vpp_layout, requests),
-             "VPP-Async": build_vpp_async(vpp_layout, requests)}
-    traces = {name: simulate(plan, _cost(args, plan.layout)) for name, plan in plans.items()}
+    runs = {}
+    for name in COMPARED:
+        spec = strategies.get(name)
+        layout = cpp_layout if spec.layout == "loop" else vpp_layout
+        runs[spec.label] = simulate(name, layout, args.seq_len, _cost(args, layout), chunk_size=args.chunk_size,
+                                    check=True)
+    requests = runs[strategies.get(COMPARED[0]).label].requests
+    traces = {label: sim.trace for label, sim in runs.items()}
     summaries = {name: summarize(tr) for name, tr in traces.items()}
     written: list[str] = []
     for folder, write in ((args.trace_dir, _write_traces), (args.png_dir, _write_pngs)):
@@ -119,4 +129,4 @@ def _write_pngs(folder: str, traces: dict) -> list[str]:
     return written
 
 
-__all__ = ["add_arguments", "check", "run"]
+__all__ = ["COMPARED", "add_arguments", "check", "run"]

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from vpp.models.registry import open_model, snap_partition
+from vpp.models.registry import open_model
+from vpp.models.run_layout import layout_for
 from vpp.parallel.groups import ParallelGroups
 from vpp.cli.prefill_rounds import gather_all, measure_transfer, replay, say
-from vpp.schedules import make_layout, strategies, stream_stats, workloads
+from vpp.schedules import strategies, stream_stats, workloads
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import profile_planner
+from vpp.runtime.layout_inference import check_agrees
 from vpp.schedules.shared_budget import shared_budget_stream
 from vpp.runtime.gpipe import gpipe_prefill
 
@@ -49,6 +51,7 @@ class StreamConfig:
     dcpp_mode: str = "vllm-ascend"       # a vpp.schedules.dcpp.VARIANTS mode
     dcpp_min_chunk: int | None = None    # None: the mode's own floor
     shared_budget: bool = False          # one token budget per step shared by the requests (vpp/schedules/shared_budget.py)
+    layouts: dict | None = None          # contender -> layout, chosen once by the command (run_layout.layout_for)
 
 
 @dataclass
@@ -94,23 +97,19 @@ def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[Me
     if "gpipe" in cfg.contenders and any(n % cfg.chunk_size for n in wl.lengths):
         raise ValueError(f"gpipe needs prompt lengths that are multiples of chunk_size={cfg.chunk_size}; "
                          f"workload {wl.name} has {sorted(set(wl.lengths))[:6]}")
-    stages = {}
-    for name in cfg.contenders:
-        kind = strategies.get(name).layout
-        n_stages = groups.pp.size * (1 if kind == "loop" else 2)
-        layout = make_layout(kind, model.num_layers, groups.pp.size,
-                             partition=snap_partition(model.num_layers, n_stages, model.stage_starts))
-        stages[name] = model.stages(layout, groups)
-    planner = profile_planner(stages["dcpp"], groups, cfg.chunk_size, variant=cfg.dcpp_mode,
-                              min_chunk=cfg.dcpp_min_chunk) if "dcpp" in cfg.contenders else None
+    layouts = cfg.layouts or {name: layout_for(model, name, groups.pp.size) for name in cfg.contenders}
+    stages = {name: model.stages(layouts[name], groups) for name in cfg.contenders}
+    dcpp = next((n for n in cfg.contenders if strategies.get(n).chunking == "dcpp"), None)
+    planner = profile_planner(stages[dcpp], groups, cfg.chunk_size, variant=cfg.dcpp_mode,
+                              min_chunk=cfg.dcpp_min_chunk) if dcpp is not None else None
     transfer_s = measure_transfer(groups, cfg.chunk_size, stages[cfg.contenders[0]][0].hidden_size,
                                   stages[cfg.contenders[0]][0].dtype)
     rows = {c: MeasuredStream(c) for c in cfg.contenders}
     say(groups, f"stream: {wl.name}, {len(wl.lengths)} requests, {sum(wl.lengths)} tokens, concurrency "
                  f"{wl.concurrency}, chunk {cfg.chunk_size}, pp={groups.pp.size}")
-    _run_round(groups, cfg, stages, planner, [p[: cfg.chunk_size] for p in prompts[:2]], None, transfer_s, warmup=True)
+    _run_round(groups, cfg, stages, planner, [p[: cfg.chunk_size] for p in prompts[:2]], None, transfer_s, layouts, warmup=True)
     for r in range(cfg.repeat):
-        results = _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, warmup=False)
+        results = _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, layouts, warmup=False)
         for name, res in results.items():
             row = rows[name]
             for key, value in res.items():
@@ -127,7 +126,7 @@ def _chunking(cfg, name, planner, prompts, concurrency=None):
     """A contender's chunking and steps: fixed, the DCPP planner's, or (``shared_budget``) explicit
     chunk lists whose pieces fill one token budget per step across the requests, with those steps
     (each moved as one message per hop, :mod:`vpp.schedules.steps`)."""
-    dcpp = planner if name == "dcpp" else None
+    dcpp = planner if strategies.get(name).chunking == "dcpp" else None
     if cfg.shared_budget:
         lengths = [int(p.numel()) for p in prompts]
         requests, steps = shared_budget_stream(lengths, cfg.chunk_size, planner=dcpp, concurrency=concurrency)
@@ -135,7 +134,7 @@ def _chunking(cfg, name, planner, prompts, concurrency=None):
     return (dcpp.chunk_sizes if dcpp is not None else cfg.chunk_size), None
 
 
-def _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, *, warmup: bool) -> dict:
+def _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, layouts, *, warmup: bool) -> dict:
     out = {}
     arrivals = list(wl.arrivals) if wl else None
     concurrency = wl.concurrency if wl else None
@@ -158,6 +157,7 @@ def _run_round(groups, cfg, stages, planner, prompts, wl, transfer_s, *, warmup:
                                   concurrency=concurrency, return_trace=True, timeout_s=cfg.timeout_s)
             groups.accelerator.synchronize(groups.device)  # the makespan ends when the logits exist
             makespan = max(gather_all(groups, time.perf_counter() - start))
+            check_agrees(layouts[name], res.plan.layout, f"vpp serve-bench {name}")
             stats, bubble = stream_stats(res.trace, res.plan), res.trace.summarize().bubble_ratio
             replayed = (res.trace.summarize().makespan, replay(res.plan, res.trace, transfer_s).summarize().makespan)
         for st in mine:

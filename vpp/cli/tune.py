@@ -19,7 +19,7 @@ from vpp.cli.args import UsageError, check_chunk_count, int_list, positive_int, 
 from vpp.safe_write import write_text
 from vpp.perf.hardware import get_device
 from vpp.perf.runs import paper_setup
-from vpp.perf.tune import PAPER_CHUNKS, paper_best, tune
+from vpp.perf.deployment_search import PAPER_CHUNKS, paper_best, tune
 
 TUNE_MAX_COMPUTES = 32_768  # stage computes of one simulated configuration (4096 chunks on pp=2, 2 folds): ~3 min in all
 

@@ -273,9 +273,10 @@ def shared_intermediate_size(cfg: Mapping[str, Any]) -> int:
     return int(cfg["moe_intermediate_size"]) * int(cfg.get("n_shared_experts") or 0)
 
 
-def stage_starts(cfg: Mapping[str, Any]) -> list[int]:
+def stage_starts(config: ConfigLike) -> list[int]:
     """Layers a pipeline stage may start at: all of them except GLM-5's shared-indexer layers, which
-    reuse the top-k of the layer before them."""
+    reuse the top-k of the layer before them (of the normalised config, :func:`model_config`)."""
+    cfg = model_config(config)
     types = cfg.get("indexer_types") or ["full"] * cfg["num_hidden_layers"]
     return [i for i, t in enumerate(types) if t == "full"]
 

@@ -13,11 +13,10 @@
 """
 
 from vpp.models.build import (
-    FAMILIES, build_stage, checkpoint_shapes, load_stage, load_weights, model_config, random_checkpoint,
-    save_checkpoint, stage_starts,
+    FAMILIES, build_stage, checkpoint_shapes, load_stage, load_weights, random_checkpoint, save_checkpoint,
 )
 from vpp.models.checkpoint import RandomCheckpoint, SafetensorsCheckpoint, WeightSource
-from vpp.config import SUPPORTED_MODEL_TYPES
+from vpp.config import SUPPORTED_MODEL_TYPES, model_config, stage_starts
 from vpp.models.model_dir import ModelDirSummary, check_model_dir
 from vpp.models.registry import BUILTIN, ModelSource, check_model, open_model, resolve_dtype, snap_partition
 from vpp.models.safetensors_files import CheckpointError

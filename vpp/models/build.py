@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from vpp import config as hf
-from vpp.config import SUPPORTED_MODEL_TYPES, Config, ConfigLike, check_layer_range
+from vpp.config import SUPPORTED_MODEL_TYPES, Config, ConfigLike, check_layer_range, model_config
 from vpp.models import deepseek, qwen3_moe
 from vpp.models.blocks import Shapes, global_tensors
 from vpp.models.checkpoint import (
@@ -31,17 +31,6 @@ FAMILIES = {t: family for family in (qwen3_moe, deepseek) for t in family.MODEL_
 assert set(FAMILIES) == set(SUPPORTED_MODEL_TYPES)
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
-
-
-def model_config(config: ConfigLike) -> Config:
-    """The normalised config (:func:`vpp.config.model_config`: defaults, derived keys, checks)."""
-    return hf.model_config(config)
-
-
-def stage_starts(config: ConfigLike) -> list[int]:
-    """Layers a stage may start at: all of them, except GLM-5's shared-indexer layers, which reuse
-    the top-k of the layer before them and so cannot begin a stage."""
-    return hf.stage_starts(model_config(config))
 
 
 def checkpoint_shapes(config: ConfigLike, layer_range: tuple[int, int] | None = None) -> Shapes:
@@ -187,5 +176,5 @@ def _listing(names: list[str], show: int = 8) -> str:
 
 __all__ = [
     "FAMILIES", "build_stage", "check_names", "checkpoint_shapes", "load_stage", "load_weights",
-    "model_config", "random_checkpoint", "save_checkpoint", "schema_reader", "stage_starts",
+    "random_checkpoint", "save_checkpoint", "schema_reader",
 ]

@@ -36,18 +36,13 @@ class ModelSource:
 
     def layout(self, kind: str, pp: int, folds: int = 1):
         """A ``kind`` layout ("loop", "v", "interleaved") of this model on ``pp`` ranks, stages as even
-        as the model's allowed stage starts permit (GLM-5's shared-indexer layers cannot start one)."""
+        as the model's allowed stage starts permit (GLM-5's shared-indexer layers cannot start one). A run's
+        layout for a strategy is chosen by :func:`vpp.models.run_layout.layout_for`."""
         from vpp.schedules import make_layout
         folds = 1 if kind == "loop" else folds
         n_stages = pp * (1 if kind == "loop" else 2 * folds)
         partition = snap_partition(self.num_layers, n_stages, self.stage_starts)
         return make_layout(kind, self.num_layers, pp, folds=folds, partition=partition)
-
-    def layout_for(self, schedule: str, pp: int, folds: int = 1):
-        """The layout the strategy ``schedule`` runs on (its kind, :mod:`vpp.schedules.strategies`), as even
-        as :meth:`layout` makes it."""
-        from vpp.schedules import strategies
-        return self.layout(strategies.get(schedule).layout, pp, folds)
 
     def stages(self, layout, groups: ParallelGroups) -> list[torch.nn.Module]:
         """This pipeline rank's stage modules for ``layout`` (a :class:`vpp.schedules.Layout`), in stage order."""

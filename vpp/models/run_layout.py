@@ -1,4 +1,6 @@
-"""How real runs cut a model into stages: balanced per rank on the cost model's per-layer times.
+"""The choice of a run's layout, made once per run (:func:`layout_for`): the strategy's layout kind, its
+stages even (as the model's allowed stage starts permit) or balanced per rank on the cost model's
+per-layer times. The commands choose it in their own process, check it, and pass it down to the ranks.
 
 For a run of ``chunk``-token chunks over a ``seq_len``-token prompt, every layer is costed by the
 deployment cost model (:class:`vpp.perf.DeploymentCost`, the "cpu" preset unless a device is given) at
@@ -21,7 +23,7 @@ from vpp.perf.arch import Arch
 from vpp.perf.deployment import DeploymentCost
 from vpp.perf.hardware import Device, get_device
 from vpp.perf.ops import Parallel, embed_ops, head_ops
-from vpp.schedules import make_layout
+from vpp.schedules import make_layout, strategies
 from vpp.schedules.drain_balance import fastest_partition
 from vpp.schedules.layout import stage_ranks_for
 from vpp.schedules.rank_balance import balanced_candidates
@@ -36,6 +38,20 @@ def layer_costs(config: dict, *, chunk: int, seq_len: int, device: Device | None
     prefix = max(0, seq_len // 2 - chunk // 2)
     per_layer = [time_of.layer(i, chunk, prefix) for i in range(time_of.arch.layers)]
     return per_layer, time_of.embed(chunk, prefix), time_of.head(chunk, prefix)
+
+
+def layout_for(model: ModelSource, schedule: str, pp: int, folds: int = 1, *, chunk: int | None = None,
+               seq_len: int | None = None, partition: str = "even"):
+    """The layout ``schedule`` runs ``model`` on: its strategy's kind (:mod:`vpp.schedules.strategies`),
+    stages as even as the model's allowed stage starts permit (:meth:`ModelSource.layout`), or
+    (``partition="rank"``, given the chunk and prompt sizes) balanced per rank on the cost model and,
+    among ties, the fastest for ``schedule`` on the whole prompt (:func:`choose_partition`)."""
+    kind = strategies.get(schedule).layout
+    if partition == "even" or chunk is None or seq_len is None:
+        return model.layout(kind, pp, folds)
+    folds = 1 if kind == "loop" else folds
+    sizes = choose_partition(model, kind, pp, folds, chunk=chunk, seq_len=seq_len, how=partition, schedule=schedule)
+    return make_layout(kind, model.num_layers, pp, folds=folds, partition=sizes)
 
 
 def choose_partition(model: ModelSource, kind: str, pp: int, folds: int = 1, *, chunk: int, seq_len: int,
@@ -86,4 +102,4 @@ class ChunkTime:
         return sum(self.device.op_time(op) for op in head_ops(self.arch, tokens, self.par))
 
 
-__all__ = ["ChunkTime", "PARTITIONS", "choose_partition", "layer_costs"]
+__all__ = ["ChunkTime", "PARTITIONS", "choose_partition", "layer_costs", "layout_for"]

@@ -14,8 +14,8 @@
 * :mod:`.decompose` -- the paper's Table 2 split (computation / bubble / exposed communication, launch
   stall, overlap ratio) in the profiler's view of waiting.
 * :mod:`.runs` -- one strategy run (CPP, DCPP, VPP, VPP-Async, packing) of a :class:`.runs.Setup` (pp x cp x tp).
-* :mod:`.memory` -- weights, KV cache and peak activations per rank of a simulated schedule.
-* :mod:`.taper`, :mod:`.tune` -- the head/tail taper chunk planner and the auto-tuner (``vpp tune``).
+* :mod:`.rank_memory` -- weights, KV cache and peak activations per rank of a simulated schedule.
+* :mod:`.taper`, :mod:`.deployment_search` -- the head/tail taper chunk planner and the auto-tuner (``vpp tune``).
 The fits, sweeps, paper-scale streams and comparisons are the paper study's (``benchmarks/paper/``, scripts).
 """
 

@@ -198,7 +198,7 @@ class ContextParallelCost(DeploymentCost):
 def cp_weight_bytes(arch: Arch, layers, par: Parallel, cp: int, *, embed: bool, head: bool) -> float:
     """Weights one device of a CP stage holds: its layers (experts over cp x tp devices), plus the
     vocab-parallel embedding / LM head where the stage has them."""
-    from .memory import layer_weight_bytes
+    from .rank_memory import layer_weight_bytes
     moe = Parallel(tp=par.tp, ep=ep_devices(par, cp), weight_bytes=par.weight_bytes)
     vocab = arch.vocab / par.tp * arch.hidden * 2
     return sum(layer_weight_bytes(arch, i, moe) for i in layers) + vocab * (embed + head)
@@ -215,7 +215,7 @@ def full_prefill(arch: Arch, device: Device, par: Parallel, cp: int, tokens: int
 def model_flops(arch: Arch, tokens: int) -> float:
     """FLOPs of a causal prefill of ``tokens``: 2 per weight per token (layers; the LM head on the last
     token only) plus causal attention (4 head_dim FLOPs per query-key pair and head)."""
-    from .memory import layer_weight_bytes
+    from .rank_memory import layer_weight_bytes
     weights = sum(layer_weight_bytes(arch, i, Parallel(weight_bytes=1)) for i in range(arch.layers))
     if arch.attention == "gqa":
         per_pair = 4.0 * arch.heads * arch.head_dim
@@ -229,7 +229,7 @@ def cp_rank_memory(plan, trace, cost: ContextParallelCost) -> list:
     cp x tp devices, 1/cp of the cached tokens, and per chunk the working set of the rank's q tokens
     (MLA: the up-projected keys of up to 128K tokens at a time), two KV blocks of the ring and the PP
     send / receive buffers."""
-    from .memory import RankMemory, kv_bytes_per_token_layer, working_set
+    from .rank_memory import RankMemory, kv_bytes_per_token_layer, working_set
     arch, par, layout, cp = cost.arch, cost.par, cost.layout, cost.cp
     tokens_total = sum(q.length for q in plan.requests)
     out = []

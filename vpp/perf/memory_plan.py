@@ -3,15 +3,15 @@
 For one rank of a prefill (and the decoding after it) on the runtime's models:
 
 * weights -- given by the caller (the parameter bytes of the rank's stages built on the meta device: exact),
-  or else :func:`vpp.perf.memory.layer_weight_bytes` per layer plus the vocab-parallel embedding and head;
+  or else :func:`vpp.perf.rank_memory.layer_weight_bytes` per layer plus the vocab-parallel embedding and head;
 * KV cache -- every request's caches are reserved once at ``prompt + new tokens`` (the executor's
   ``reserve``): ``tokens x layers on the rank x`` the cached values per token and layer
-  (:func:`vpp.perf.memory.kv_bytes_per_token_layer`: GQA's K and V of the rank's KV heads, MLA's latent
+  (:func:`vpp.perf.rank_memory.kv_bytes_per_token_layer`: GQA's K and V of the rank's KV heads, MLA's latent
   plus rope key, DSA's index key), in the run's dtype;
 * activations -- what one compute holds at once, which depends on the chunk, not on the prompt: the
   attention workspace (MLA's expanded prefix keys and DSA's scores are computed in blocks sized to a byte
   budget, ``vpp.transformer.attention.workspace``: 32 MiB on a CPU, 1/64 of an accelerator's memory), the
-  layer's working set (:func:`vpp.perf.memory.working_set` at prefix 0: four hidden-sized buffers and the
+  layer's working set (:func:`vpp.perf.rank_memory.working_set` at prefix 0: four hidden-sized buffers and the
   MLP's or the routed experts' intermediate), and ``IN_FLIGHT`` chunk outputs held as send or receive
   buffers or local hand-offs; plus the prompt's token ids (int64) on the rank that feeds stage 0.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .arch import Arch
-from .memory import kv_bytes_per_token_layer, layer_weight_bytes, working_set
+from .rank_memory import kv_bytes_per_token_layer, layer_weight_bytes, working_set
 from .ops import Parallel
 
 CPU_WORKSPACE = 32 << 20   # vpp.transformer.attention.workspace.CPU_BUDGET (perf may not import torch code)

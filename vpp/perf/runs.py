@@ -44,7 +44,6 @@ from .configs import canonical_name, get_config
 from .hardware import Device
 from .ops import Parallel, embed_ops, head_ops
 
-STRATEGIES = sch.strategies.PLANNED
 SYNC_MODES = ("calibration", "every-step")
 
 
@@ -116,12 +115,6 @@ class Run:
     requests: list
 
 
-def requests_for(setup: Setup, strategy: str, lengths, chunk: int, cost: DeploymentCost, layout) -> list:
-    if sch.strategies.get(strategy).chunking == "dcpp":
-        return dcpp_chunking(setup, lengths, chunk, cost, layout)
-    return sch.chunk_requests(lengths, chunk)
-
-
 def dcpp_chunking(setup: Setup, lengths, chunk: int, cost, layout, arrivals=None, *,
                   concurrency: int | None = None, with_steps: bool = False):
     """Requests cut by the DCPP planner of ``setup`` (profiled on ``cost``); with ``dcpp_online`` the
@@ -171,20 +164,21 @@ def _shared_dcpp(setup: Setup, lengths, chunk: int, cost, stages, planner: DcppP
 
 def run(setup: Setup, strategy: str, lengths, chunk: int, *, kind: str | None = None, folds: int = 1,
         partition=None, requests=None, name: str | None = None) -> Run:
-    """Simulate ``strategy`` on prompts of ``lengths`` with chunk budget ``chunk``."""
-    spec = sch.strategies.get(strategy, STRATEGIES)
+    """Simulate ``strategy`` on prompts of ``lengths`` with chunk budget ``chunk`` (the one runner,
+    :func:`vpp.schedules.runner.simulate`, on this deployment's cost model) and decompose the trace."""
+    spec = sch.strategies.get(strategy, sch.strategies.PLANNED)
     lengths = [int(n) for n in ([lengths] if isinstance(lengths, int) else lengths)]
     if kind is None:
         kind = spec.layout
     layout = setup.layout(kind, folds if kind != "loop" else 1, partition)
     cost = setup.cost(layout, strategy)
-    reqs = requests if requests is not None else requests_for(setup, strategy, lengths, chunk, cost, layout)
-    if spec.layout == "loop" and kind != "loop":  # CPP's blocking order on another layout: VPP's builder
-        plan = sch.build_vpp(layout, reqs)
-    else:
-        plan = spec.plan(layout, reqs, cost=cost)
-    trace = sch.simulate(plan, cost, check=False)
-    return Run(decompose(name or strategy, plan, trace, cost), plan, trace, cost, list(reqs))
+    reqs = requests
+    if reqs is None:   # DCPP: one planner profiled on this cost (online, as configured); else fixed chunks
+        reqs = dcpp_chunking(setup, lengths, chunk, cost, layout) if spec.chunking == "dcpp" \
+            else sch.chunk_requests(lengths, chunk)
+    order = "vpp" if spec.layout == "loop" and kind != "loop" else strategy  # CPP's blocking order on another layout
+    sim = sch.simulate(order, layout, lengths, cost, requests=reqs)
+    return Run(decompose(name or strategy, sim.plan, sim.trace, cost), sim.plan, sim.trace, cost, list(reqs))
 
 
 # Weight formats: DeepSeek-V3.1 (671B) and GLM-5.2 (744B) do not fit 16 x 64 GB in BF16, so W8A8 (the
@@ -203,4 +197,4 @@ def paper_setup(model: str, device: Device, *, tp: int = 8, pp: int = 2) -> Setu
     return Setup(Arch.from_config(cfg, name=model), device, par, pp)
 
 
-__all__ = ["KV_BYTES", "MODELS", "Run", "WEIGHT_BYTES", "paper_setup", "STRATEGIES", "SYNC_MODES", "Setup", "dcpp_chunking", "requests_for", "run"]
+__all__ = ["KV_BYTES", "MODELS", "Run", "WEIGHT_BYTES", "paper_setup", "SYNC_MODES", "Setup", "dcpp_chunking", "run"]

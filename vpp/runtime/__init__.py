@@ -11,7 +11,7 @@ It knows the stage contract (:mod:`vpp.models.stage` documents it) but imports n
 
 from vpp.schedules import Layout, make_layout
 
-from .api import (PrefillOutput, build_schedule, forward_cpp_prefill, forward_prefill, forward_vpp_prefill,
+from .api import (PrefillOutput, forward_cpp_prefill, forward_prefill, forward_vpp_prefill,
                   gather_trace, infer_layout)
 from .dcpp_profile import forward_dcpp_prefill, profile_planner
 from .executor import ExecutionResult, Executor
@@ -20,5 +20,5 @@ from .sampling import Sampler
 from .watchdog import ExecutionError
 
 __all__ = ["ExecutionError", "Layout", "make_layout", "ExecutionResult", "Executor", "Generation", "Pipeline", "PrefillOutput", "Sampler",
-           "build_schedule", "forward_cpp_prefill", "forward_dcpp_prefill", "forward_prefill", "forward_vpp_prefill",
+           "forward_cpp_prefill", "forward_dcpp_prefill", "forward_prefill", "forward_vpp_prefill",
            "gather_trace", "infer_layout", "profile_planner"]

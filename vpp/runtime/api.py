@@ -26,8 +26,6 @@ import torch
 
 from vpp.parallel.groups import ParallelGroups
 from vpp.schedules import strategies
-from vpp.schedules.ir import Plan, Request
-from vpp.schedules.layout import Layout
 
 from .inputs import Chunking
 from .layout_inference import check_stage_shapes, infer_layout
@@ -35,14 +33,8 @@ from .prefill_output import PrefillOutput
 from .pipeline import Pipeline
 from .traces import gather_trace
 
-__all__ = ["PrefillOutput", "build_schedule", "check_stage_shapes", "forward_cpp_prefill", "forward_prefill",
+__all__ = ["PrefillOutput", "check_stage_shapes", "forward_cpp_prefill", "forward_prefill",
            "forward_vpp_prefill", "gather_trace", "infer_layout"]
-
-
-def build_schedule(schedule: str, layout: Layout, requests: Sequence[Request], *,
-                   concurrency: int | None = None) -> Plan:
-    """The plan of ``schedule``, one of :data:`vpp.schedules.strategies.PLANNED` (see that table)."""
-    return strategies.get(schedule, strategies.PLANNED).plan(layout, requests, concurrency=concurrency)
 
 
 def forward_prefill(
@@ -62,7 +54,7 @@ def forward_prefill(
     steps=None,
 ) -> PrefillOutput:
     """Prefill one prompt (a 1-D tensor or a list of ints) or a stream of them (a list of those)
-    through this rank's ``stages`` with ``schedule`` (see :func:`build_schedule`). ``chunk_size`` is a
+    through this rank's ``stages`` with ``schedule`` (one of :data:`vpp.schedules.strategies.PLANNED`). ``chunk_size`` is a
     positive int, explicit chunk sizes per request, or a function of a prompt's length returning its
     chunk sizes (a DCPP planner's ``chunk_sizes``). A stream may carry ``arrivals`` (seconds after the
     start; each request enters the pipeline no earlier) and a ``concurrency`` limit (at most that many

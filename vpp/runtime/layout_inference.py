@@ -1,4 +1,9 @@
-"""The layout a pipeline's stage modules form, read off their descriptors (:mod:`.handshake`)."""
+"""The layout a pipeline's stage modules form, read off their descriptors (:mod:`.handshake`).
+
+Inference is for the API, which gets stage modules without a layout (:func:`vpp.runtime.forward_prefill`,
+:class:`vpp.runtime.Pipeline`). A command chooses its run's layout once
+(:func:`vpp.models.run_layout.layout_for`) and builds the stages from it; :func:`check_agrees` then
+checks that the layout the executed plan ran on (inferred) is the one chosen."""
 
 from __future__ import annotations
 
@@ -44,6 +49,15 @@ def infer_layout(pipeline: Sequence[handshake.RankInfo]) -> Layout:
     return layout
 
 
+def check_agrees(chosen: Layout, inferred: Layout, what: str = "the run") -> None:
+    """Raise when the layout inferred from the stage modules is not the ``chosen`` one."""
+    if (chosen.num_ranks, chosen.stage_ranks, chosen.stage_layers) != \
+            (inferred.num_ranks, inferred.stage_ranks, inferred.stage_layers):
+        raise ValueError(f"{what}: the stage modules form {inferred.describe()} (layers {list(inferred.stage_layers)} "
+                         f"on ranks {list(inferred.stage_ranks)}), not the chosen {chosen.describe()} (layers "
+                         f"{list(chosen.stage_layers)} on ranks {list(chosen.stage_ranks)})")
+
+
 def check_stage_shapes(pipeline: Sequence[handshake.RankInfo]) -> None:
     """All stages of a pipeline must agree on hidden size and dtype (activations flow between them)."""
     seen = {(st.hidden_size, st.dtype) for info in pipeline for st in info.stages}
@@ -53,4 +67,4 @@ def check_stage_shapes(pipeline: Sequence[handshake.RankInfo]) -> None:
         raise ValueError(f"stages disagree on (hidden size, dtype): {detail}")
 
 
-__all__ = ["check_stage_shapes", "infer_layout"]
+__all__ = ["check_agrees", "check_stage_shapes", "infer_layout"]

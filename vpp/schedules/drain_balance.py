@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 from . import strategies
 from .ir import Request
 from .layout import make_layout
-from .simulator import simulate
+from .simulator import simulate_plan
 
 LayerTime = Callable[[int, int, int], float]   # (layer, tokens, prefix) -> seconds
 EdgeTime = Callable[[int, int], float]         # (tokens, prefix) -> seconds
@@ -76,7 +76,7 @@ def simulated_makespans(strategy: str, kind: str, pp: int, candidates: Sequence[
     for part in candidates:
         bounds = make_layout(kind, num_layers, pp, folds=folds, partition=part).stage_layers
         cost = _LayerSumCost(bounds, cached, embed_time, head_time, overlap=0.0 if plan.comm == "blocking" else 1.0)
-        out.append(simulate(plan, cost, check=False).makespan)
+        out.append(simulate_plan(plan, cost, check=False).makespan)
     return out
 
 

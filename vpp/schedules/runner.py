@@ -1,101 +1,81 @@
-"""A simulated comparison of CPP, DCPP, VPP, VPP-Async and VPP-Async + packing on one request stream.
+"""The one runner: simulate a strategy on a workload under a cost model.
 
-Every strategy runs the same model (``layers`` layers) on ``pp`` ranks under one cost model:
+``simulate(strategy, layout, workload, cost)`` is the single place where "run strategy X on workload W
+under cost C" is written; every command and benchmark that simulates calls it (``vpp simulate``,
+``vpp serve-sim`` and the stream comparison of :mod:`.stream_comparison`, the paper-scale runs of
+:func:`vpp.perf.runs.run` and the tuner, the paper's streams; the replay of a measured run,
+:func:`vpp.cli.prefill_rounds.replay`, simulates the executed plan itself). Each step is data from one table:
 
-* CPP, DCPP        -- a loop layout (one stage per rank), requests pipelined back to back
-  (:func:`vpp.schedules.builders.build_cpp`), blocking transfers. CPP cuts prompts into ``chunk_size`` chunks;
-  DCPP's planner (:mod:`vpp.schedules.dcpp`, ``dcpp_variant``) uses ``chunk_size`` as its budget and is profiled on
-  the cost model (``stage_measure`` over the stages its variant profiles).
-* VPP, VPP-Async   -- a V (``2 folds pp`` stages), fixed chunks, one request at a time (the default
-  ``request_order="sequential"``); blocking / non-blocking transfers.
-* VPP-Async + packing -- the same V with :func:`vpp.schedules.packing.build_vpp_packed`, whose estimates use the same
-  cost model.
+1. the workload is cut into chunked requests: fixed ``chunk_size`` chunks, or a DCPP ``planner``'s
+   (:class:`.dcpp.DcppPlanner`), each under one token budget per step shared by the requests when
+   ``shared_budget`` (:mod:`.shared_budget`); a caller whose chunking observes the cost as it goes (the
+   online DCPP of :mod:`vpp.perf.runs`) passes the ``requests`` (and shared ``steps``) it already has;
+2. the strategy's builder (:data:`.strategies.STRATEGIES`) emits the plan on ``layout`` with the
+   workload's concurrency limit and arrivals; ``estimate`` is what packing plans its drain windows with
+   (the cost itself by default; None: Algorithm 2's own law);
+3. :func:`.simulator.simulate_plan` interprets the plan under ``cost``.
 
-All plans carry the workload's concurrency limit and arrival times. The default cost model,
-:func:`machine_cost`, is the development machine's per-layer attention law (measured there: one layer
-of 8 heads x 64 at 16K tokens in 1K chunks, tau_k ~ 89 + 34 k ms, R^2 0.99; gloo ~3 GB/s).
-
-Three more strategies (:data:`EXTRA`) put the five in context:
-
-* ``cpp-async``, ``dcpp-async`` -- the loop with non-blocking transfers. Rank 0 may then run any number
-  of chunks ahead of rank 1 (unbounded activation buffering): an upper bound for CPP while a transfer
-  takes less than tau grows per chunk (each receive is posted after the previous compute). Blocking CPP keeps
-  about P chunks in flight, like the batch queues of vLLM's and SGLang's pipelines.
-* ``vpp-async-pipelined`` -- VPP-Async with ``request_order="pipelined"``: the unit-time slot order
-  numbers the chunks of all requests consecutively, which overlaps requests without any cost model.
+A strategy runs on the layout it is given: VPP's order on a loop or CPP's on a V is a simulation
+question the runner answers (the runtime, whose stage modules fix the layout, refuses a V strategy on a
+loop). Pure Python, like the rest of :mod:`vpp.schedules`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
-from vpp.schedules import strategies
-from vpp.schedules.cost import LinearCost, seconds_per_token
-from vpp.schedules.dcpp import DcppPlanner, profiled_stages, stage_measure
-from vpp.schedules.shared_budget import shared_budget_stream
-from vpp.schedules.ir import Plan
-from vpp.schedules.layout import Layout, make_layout
-from vpp.schedules.packing import packed_chunks
-from vpp.schedules.simulator import simulate
-from vpp.schedules.stream import StreamStats, drain_idle, stream_stats
-from vpp.schedules.summary import Summary, summarize
-from vpp.schedules.trace import Trace
-from vpp.schedules.workloads import Workload
+from . import strategies
+from .dcpp import DcppPlanner
+from .ir import Plan, Request
+from .layout import Layout
+from .packing import packed_chunks
+from .shared_budget import shared_budget_stream
+from .simulator import simulate_plan
+from .stream import StreamStats, drain_idle, stream_stats
+from .summary import Summary, summarize
+from .trace import Trace
+from .workloads import Workload
 
-STRATEGIES = strategies.PLANNED
-EXTRA = tuple(n for n, s in strategies.STRATEGIES.items() if s.variant)
-
-
-def machine_cost(layout: Layout, *, chunk: int = 1024, first: float = 0.089, growth: float = 0.034,
-                 overhead: float = 0.002, hidden: int = 512, bytes_per_value: int = 4, bandwidth: float = 3e9,
-                 latency: float = 1e-4, overlap: float = 0.5) -> LinearCost:
-    """Per layer, this machine's law (measured on the development machine: one layer of 8 heads x 64 at 16K tokens in 1K chunks,
-    tau_k ~ 89 + 34 k ms): attention ``growth / chunk^2`` s per token pair (half of it within the
-    chunk), ``overhead`` s per chunk (launches, dispatch: an assumption), the rest per token so that a
-    first chunk of ``chunk`` tokens takes ``first``; fp32 activations of width ``hidden`` over gloo at
-    ``bandwidth`` bytes/s plus ``latency``; ``overlap`` of an async transfer hides (little on 2 cores).
-    Stage costs scale with their layer counts."""
-    beta = growth / chunk ** 2
-    alpha = (first - overhead - beta * chunk * chunk / 2) / chunk
-    if alpha < 0:
-        raise ValueError(f"first={first} s is less than the overhead and in-chunk attention of a {chunk}-token chunk")
-    return LinearCost(per_chunk=overhead, per_token=alpha, per_token_prefix=beta, per_token_sq=beta / 2,
-                      latency=latency, overlap=overlap,
-                      seconds_per_token=seconds_per_token(hidden, bytes_per_value=bytes_per_value, bandwidth=bandwidth),
-                      stage_weights=tuple(float(n) for n in layout.partition))
+_SAME = object()  # estimate: the simulated cost itself
 
 
 @dataclass
-class StreamSetup:
-    """The deployment all strategies share (see the module docstring)."""
-
-    pp: int = 2
-    layers: int = 8
-    folds: int = 1
-    chunk_size: int = 1024
-    dcpp_variant: str = "vllm-ascend"
-    dcpp_min_chunk: int | None = None   # None: the mode's own (vLLM-Ascend 4096, clamped to the budget)
-    shared_budget: bool = False         # one token budget per step shared by the requests (shared_budget.py)
-    cost: Callable[[Layout], object] = machine_cost
-
-    def layout(self, strategy: str) -> Layout:
-        if strategies.get(strategy).layout == "loop":
-            return make_layout("loop", self.layers, self.pp)
-        return make_layout("v", self.layers, self.pp, folds=self.folds)
-
-
-@dataclass
-class SimulatedStream:
-    """One strategy on one stream: its plan, trace, Table 2 summary, stream statistics and drain idle."""
+class Simulated:
+    """One strategy simulated on one workload: its plan, trace and cost, with the Table 2 summary, the
+    stream statistics, the drain-window idle and the packed chunks computed on first use."""
 
     strategy: str
     plan: Plan
     trace: Trace
-    summary: Summary
-    stats: StreamStats
-    drain_idle: float
-    packed: dict = field(default_factory=dict)
+    cost: object
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def _once(self, key: str, compute):
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    @property
+    def summary(self) -> Summary:
+        return self._once("summary", lambda: summarize(self.trace))
+
+    @property
+    def stats(self) -> StreamStats:
+        return self._once("stats", lambda: stream_stats(self.trace, self.plan))
+
+    @property
+    def drain_idle(self) -> float:
+        return self._once("drain_idle", lambda: drain_idle(self.trace, self.plan))
+
+    @property
+    def packed(self) -> dict:
+        """Chunks packed into another request's drain, by request (empty unless the strategy packs)."""
+        return self._once("packed", lambda: packed_chunks(self.plan) if strategies.get(self.strategy).packs else {})
+
+    @property
+    def requests(self) -> tuple[Request, ...]:
+        return self.plan.requests
 
     @property
     def chunks(self) -> int:
@@ -107,75 +87,44 @@ class SimulatedStream:
                 "summary": self.summary.to_dict()}
 
 
-def build(setup: StreamSetup, workload: Workload, strategy: str) -> tuple[Plan, object]:
-    """The plan of ``strategy`` for ``workload`` and the cost model to simulate it with."""
-    spec = strategies.get(strategy, STRATEGIES + EXTRA)
-    layout = setup.layout(strategy)
-    cost = setup.cost(layout)
-    planner = None
-    if spec.chunking == "dcpp":
-        planner = DcppPlanner(setup.dcpp_variant, budget=setup.chunk_size, min_chunk=setup.dcpp_min_chunk)
-        planner.profile(stage_measure(cost, profiled_stages(layout, setup.dcpp_variant)))
-    steps = None
-    if setup.shared_budget:
-        requests, steps = shared_budget_stream(workload.lengths, setup.chunk_size, planner=planner,
-                                               arrivals=workload.arrivals, concurrency=workload.concurrency)
-    elif planner is not None:
-        requests = workload.requests(planner=planner)
-    else:
-        requests = workload.requests(setup.chunk_size)
-    return spec.plan(layout, requests, concurrency=workload.concurrency, cost=cost, steps=steps), cost
+def as_workload(workload: Workload | Sequence[int] | int) -> Workload:
+    """``workload`` itself, or prompts of the given length(s), all there at time 0, no concurrency limit."""
+    if isinstance(workload, Workload):
+        return workload
+    lengths = [workload] if isinstance(workload, int) else list(workload)
+    return Workload("prompts", tuple(lengths), (0.0,) * len(lengths), None)
 
 
-def run_strategy(setup: StreamSetup, workload: Workload, strategy: str, *, check: bool = True) -> SimulatedStream:
-    plan, cost = build(setup, workload, strategy)
-    trace = simulate(plan, cost, check=check)
-    packed = packed_chunks(plan) if strategies.get(strategy).packs else {}
-    return SimulatedStream(strategy, plan, trace, summarize(trace), stream_stats(trace, plan), drain_idle(trace, plan),
-                     packed)
+def cut(workload: Workload, chunk_size: int, *, planner: DcppPlanner | None = None,
+        shared_budget: bool = False) -> tuple[list[Request], list | None]:
+    """The workload as chunked requests and, under a shared budget, the steps they share (else None):
+    ``chunk_size`` chunks, or a DCPP ``planner``'s sizes within the ``chunk_size`` budget."""
+    if shared_budget:
+        return shared_budget_stream(workload.lengths, chunk_size, planner=planner, arrivals=workload.arrivals,
+                                    concurrency=workload.concurrency)
+    if planner is not None:
+        return workload.requests(planner=planner), None
+    return workload.requests(chunk_size), None
 
 
-def compare(setup: StreamSetup, workload: Workload, strategies: Sequence[str] = STRATEGIES, *,
-            check: bool = True) -> dict[str, SimulatedStream]:
-    return {s: run_strategy(setup, workload, s, check=check) for s in strategies}
+def simulate(strategy: str, layout: Layout, workload: Workload | Sequence[int] | int, cost, *,
+             chunk_size: int | None = None, planner: DcppPlanner | None = None, shared_budget: bool = False,
+             requests: Sequence[Request] | None = None, steps=None, estimate=_SAME,
+             check: bool = False) -> Simulated:
+    """Simulate ``strategy`` (a name of :data:`.strategies.STRATEGIES`) on ``layout`` for ``workload``
+    (a :class:`.workloads.Workload`, or prompt lengths) under ``cost`` (see the module docstring):
+    the workload is cut by :func:`cut` unless ``requests`` (and ``steps``) are given; ``check``
+    verifies the plan before simulating it."""
+    spec = strategies.get(strategy)
+    if requests is None:
+        if chunk_size is None:
+            raise ValueError(f"simulate {strategy}: give chunk_size (the token budget) or the chunked requests")
+        workload = as_workload(workload)
+        requests, steps = cut(workload, chunk_size, planner=planner, shared_budget=shared_budget)
+    concurrency = workload.concurrency if isinstance(workload, Workload) else None
+    plan = spec.plan(layout, requests, concurrency=concurrency, cost=cost if estimate is _SAME else estimate,
+                     steps=steps, any_layout=True)
+    return Simulated(spec.name, plan, simulate_plan(plan, cost, check=check), cost)
 
 
-def packing_effect(rows: dict[str, SimulatedStream]) -> dict:
-    """What packing removes relative to VPP-Async: drain-window idle (the metric of :mod:`vpp.schedules.stream`),
-    all bubble, and makespan; fractions are of VPP-Async's."""
-    a, p = rows["vpp-async"], rows["vpp-packed"]
-    frac = lambda before, after: (before - after) / before if before > 0 else 0.0
-    return {"drain_idle_async": a.drain_idle, "drain_idle_packed": p.drain_idle,
-            "drain_idle_removed": frac(a.drain_idle, p.drain_idle),
-            "bubble_async": a.summary.bubble, "bubble_packed": p.summary.bubble,
-            "bubble_removed": frac(a.summary.bubble, p.summary.bubble),
-            "makespan_saved": frac(a.stats.makespan, p.stats.makespan),
-            "packed_chunks": sum(p.packed.values())}
-
-
-def format_table(rows: dict[str, SimulatedStream]) -> str:
-    """A markdown table, one strategy per row; times in seconds of the cost model."""
-    head = ("| Strategy | chunks | makespan (s) | TTFT median (s) | TTFT p90 (s) | throughput (tok/s) | "
-            "bubble ratio | exposed comm (s/rank) | drain idle (s, all ranks) |")
-    lines = [head, "|" + "---|" * 9]
-    for name, r in rows.items():
-        lines.append(f"| {strategies.get(name).label} | {r.chunks} | {r.stats.makespan:.2f} | {r.stats.ttft_median:.2f} | "
-                     f"{r.stats.ttft_p90:.2f} | {r.stats.throughput:.0f} | {100 * r.summary.bubble_ratio:.1f}% | "
-                     f"{r.summary.mean('exposed_comm'):.3f} | {r.drain_idle:.2f} |")
-    return "\n".join(lines)
-
-
-def format_effect(rows: dict[str, SimulatedStream]) -> str:
-    if "vpp-async" not in rows or "vpp-packed" not in rows:
-        return ""
-    e = packing_effect(rows)
-    return (f"Packing vs VPP-Async: {e['packed_chunks']} chunks packed; drain-window idle "
-            f"{e['drain_idle_async']:.2f} s -> {e['drain_idle_packed']:.2f} s ({100 * e['drain_idle_removed']:.1f}% "
-            f"removed); all bubble {e['bubble_async']:.2f} s -> {e['bubble_packed']:.2f} s "
-            f"({100 * e['bubble_removed']:.1f}% removed); makespan {100 * e['makespan_saved']:.1f}% shorter.")
-
-
-__all__ = [
-    "EXTRA", "STRATEGIES", "SimulatedStream", "StreamSetup", "build", "compare", "format_effect",
-    "format_table", "machine_cost", "packing_effect", "run_strategy",
-]
+__all__ = ["Simulated", "as_workload", "cut", "simulate"]

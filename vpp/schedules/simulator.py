@@ -27,7 +27,7 @@ from .trace import Span, Trace
 from .verify import verify
 
 
-def simulate(plan: Plan, cost: Cost, *, check: bool = True) -> Trace:
+def simulate_plan(plan: Plan, cost: Cost, *, check: bool = True) -> Trace:
     """Simulated timeline of ``plan`` under ``cost`` (verifies the plan first unless ``check=False``)."""
     if check:
         verify(plan)
@@ -62,4 +62,4 @@ def simulate(plan: Plan, cost: Cost, *, check: bool = True) -> Trace:
     return Trace(plan.num_ranks, tuple(spans), meta)
 
 
-__all__ = ["simulate"]
+__all__ = ["simulate_plan"]

@@ -54,12 +54,14 @@ class Strategy:
     packs: bool = False  # packs the next request's first chunks into a drain (Algorithm 2)
 
     def plan(self, layout: Layout, requests: Sequence[Request], *, concurrency: int | None = None,
-             cost=None, steps=None) -> Plan:
+             cost=None, steps=None, any_layout: bool = False) -> Plan:
         """The plan of this strategy for ``requests`` on ``layout`` (``cost`` only steers packing);
-        ``steps``: steps shared by requests (:mod:`.steps`), None for one request per step."""
+        ``steps``: steps shared by requests (:mod:`.steps`), None for one request per step;
+        ``any_layout``: build on whatever layout is given (a simulation's what-if), else a V strategy
+        refuses a loop of several ranks (stage modules that cannot run it)."""
         if self.builder is None:
             raise ValueError(f"{self.name} has no vpp plan: {self.description}")
-        if self.layout == "v" and layout.kind == "loop" and layout.num_ranks > 1:
+        if not any_layout and self.layout == "v" and layout.kind == "loop" and layout.num_ranks > 1:
             raise ValueError(f"{self.name} needs 2f stages per rank (a V); the stage modules form "
                              f"{layout.describe()}")
         if steps is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from einops import rearrange
 from torch import nn
 
 from vpp.transformer.attention.rope import apply_rope, apply_rope_interleaved
@@ -65,7 +66,7 @@ class Indexer(nn.Module, UsesWorkspace):
         """Top-k key positions [c, min(k, T)] of each query over ``keys`` [T, d_I] (prefix and chunk);
         -1 marks a slot beyond a query's causal keys (when it has fewer than k)."""
         c, heads, dim = x.shape[0], self.spec.index_n_heads, self.spec.index_head_dim
-        q = self._rotate(self.wq_b(q_resid).view(c, heads, dim), cos, sin).float() * dim ** -0.5
+        q = self._rotate(rearrange(self.wq_b(q_resid), "c (h d) -> c h d", h=heads), cos, sin).float() * dim ** -0.5
         weights = self.weights_proj(x).float() * heads ** -0.5
         keys_t, total = keys.float().t(), keys.shape[0]
         k = min(self.spec.index_topk, total)
@@ -74,7 +75,8 @@ class Indexer(nn.Module, UsesWorkspace):
         out = []
         for s in range(0, c, block):
             b = min(block, c - s)
-            scores = (q[s:s + b].reshape(b * heads, dim) @ keys_t).view(b, heads, total).relu_()
+            scores = rearrange(q[s:s + b], "b h d -> (b h) d") @ keys_t
+            scores = rearrange(scores, "(b h) t -> b h t", h=heads).relu_()
             index = (weights[s:s + b, None, :] @ scores)[:, 0]  # [b, T]
             first_hidden = offset + s + 1  # query s sees keys [0, offset + s]
             if first_hidden < total:

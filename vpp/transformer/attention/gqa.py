@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from einops import rearrange
 from torch import nn
 
 from vpp.transformer.attention.cache import RequestCache
@@ -72,10 +73,10 @@ class GQAttention(nn.Module):
                                   shapes={"k": shape, "v": shape})
 
     def forward(self, x: torch.Tensor, chunk: Chunk | Batch) -> torch.Tensor:
-        c, d = x.shape[0], self.head_dim
-        q = self.q_proj(x).view(c, -1, d)
-        k = self.k_proj(x).view(c, -1, d)
-        v = self.v_proj(x).view(c, -1, d)
+        d = self.head_dim
+        q = rearrange(self.q_proj(x), "c (h d) -> c h d", d=d)
+        k = rearrange(self.k_proj(x), "c (h d) -> c h d", d=d)
+        v = rearrange(self.v_proj(x), "c (h d) -> c h d", d=d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, chunk.cos, chunk.sin), apply_rope(k, chunk.cos, chunk.sin)
@@ -83,12 +84,14 @@ class GQAttention(nn.Module):
             out = torch.cat([self._attend(q[i:i + 1], k[i:i + 1], v[i:i + 1], row) for i, row in enumerate(chunk.rows)])
         else:
             out = self._attend(q, k, v, chunk)
-        return self.o_proj(out.reshape(c, self.local_heads * d))
+        return self.o_proj(rearrange(out, "c h d -> c (h d)"))
 
     def _attend(self, q, k, v, chunk: Chunk) -> torch.Tensor:
         """Append one request's new K/V and attend its queries over its cache. Returns [c, heads, d]."""
-        kv = self.cache.append(chunk.request, chunk.offset, k=k.transpose(0, 1), v=v.transpose(0, 1))
-        return causal_attention(q.transpose(0, 1), kv["k"], kv["v"], self.scale).transpose(0, 1)
+        kv = self.cache.append(chunk.request, chunk.offset, k=rearrange(k, "c h d -> h c d"),
+                               v=rearrange(v, "c h d -> h c d"))
+        out = causal_attention(rearrange(q, "c h d -> h c d"), kv["k"], kv["v"], self.scale)
+        return rearrange(out, "h c d -> c h d")
 
 
 __all__ = ["GQAttention", "KVHeadLinear", "kv_head_shard"]

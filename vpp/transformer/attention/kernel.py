@@ -51,6 +51,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch.nn.attention.bias import causal_lower_right
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -83,10 +84,9 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     if causal:  # chunk-sized keys: repeat them per query head
         return lse_kernel_for(q.device.type)(q, k.repeat_interleave(group, 0), v.repeat_interleave(group, 0),
                                              scale, True)
-    lq = q.shape[1]
-    stacked = q.reshape(hk, group * lq, q.shape[-1])  # query heads sharing key head j, one after another
+    stacked = rearrange(q, "(hk g) l d -> hk (g l) d", g=group)  # the query heads sharing key head hk, in a row
     out, lse = lse_kernel_for(q.device.type)(stacked, k, v, scale, False)
-    return out.reshape(hq, lq, out.shape[-1]), lse.reshape(hq, lq)
+    return rearrange(out, "hk (g l) d -> (hk g) l d", g=group), rearrange(lse, "hk (g l) -> (hk g) l", g=group)
 
 
 def merge_partials(a: Partial, b: Partial) -> Partial:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from einops import rearrange
 from torch import nn
 
 from vpp.transformer.attention.cache import RequestCache
@@ -89,14 +90,15 @@ class MLAttention(nn.Module, UsesWorkspace):
         self.cache = RequestCache("MLAttention", layout, shapes=shapes)
 
     def forward(self, x: torch.Tensor, chunk: Chunk | Batch) -> torch.Tensor:
-        s, c = self.spec, x.shape[0]
+        s = self.spec
         q_resid = None
         if s.q_lora_rank is None:
             q = self.q_proj(x)
         else:
             q_resid = self.q_a_layernorm(self.q_a_proj(x))
             q = self.q_b_proj(q_resid)
-        q_nope, q_rope = q.view(c, self.local_heads, -1).split([s.qk_nope_head_dim, s.qk_rope_head_dim], -1)
+        q_nope, q_rope = rearrange(q, "c (h d) -> c h d", h=self.local_heads).split(
+            [s.qk_nope_head_dim, s.qk_rope_head_dim], -1)
         q_rope = self._rope(q_rope, chunk.cos, chunk.sin)
         latent, k_rope = self.kv_a_proj_with_mqa(x).split([s.kv_lora_rank, s.qk_rope_head_dim], -1)
         k_rope = self._rope(k_rope[:, None, :], chunk.cos, chunk.sin)[:, 0]
@@ -110,7 +112,7 @@ class MLAttention(nn.Module, UsesWorkspace):
                              for i, row in enumerate(chunk.rows)])
         else:
             out = self._attend(x, q_resid, q_nope, q_rope, parts, chunk)
-        return self.o_proj(out.reshape(c, self.local_heads * s.v_head_dim))
+        return self.o_proj(rearrange(out, "c h d -> c (h d)"))
 
     def _attend(self, x, q_resid, q_nope, q_rope, parts, chunk: Chunk) -> torch.Tensor:
         """Append one request's new latent (and indexer keys) and attend its queries over its cache,
@@ -130,10 +132,10 @@ class MLAttention(nn.Module, UsesWorkspace):
     def _expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head K [heads, n, qk] and V [heads, n, v] of ``n`` cached latent rows."""
         s, n = self.spec, latent.shape[0]
-        kv = self.kv_b_proj(latent[:, : s.kv_lora_rank]).view(n, self.local_heads, -1)
+        kv = rearrange(self.kv_b_proj(latent[:, : s.kv_lora_rank]), "n (h d) -> n h d", h=self.local_heads)
         k_nope, v = kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=-1)
         k_rope = latent[:, None, s.kv_lora_rank:].expand(n, self.local_heads, s.qk_rope_head_dim)
-        return torch.cat((k_nope, k_rope), dim=-1).transpose(0, 1), v.transpose(0, 1)
+        return rearrange(torch.cat((k_nope, k_rope), dim=-1), "n h d -> h n d"), rearrange(v, "n h d -> h n d")
 
     def key_block(self, device: torch.device, dtype: torch.dtype) -> int:
         """Keys expanded at once: the workspace budget over the bytes one expanded key costs (the
@@ -147,7 +149,7 @@ class MLAttention(nn.Module, UsesWorkspace):
         """Attention of the chunk's queries over every cached key, the latent expanded to per-head K/V
         one block of keys at a time (see the module docstring). Returns [c, heads, v]."""
         s, total, c = self.spec, latent.shape[0], q_nope.shape[0]
-        q = torch.cat((q_nope, q_rope), dim=-1).transpose(0, 1)  # [heads, c, qk]
+        q = rearrange(torch.cat((q_nope, q_rope), dim=-1), "c h d -> h c d")
         block = self.key_block(q.device, q.dtype)
         if total <= block:
             k, v = self._expand(latent)

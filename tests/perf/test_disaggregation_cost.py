@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from vpp.perf.configs import get_arch
-from vpp.perf.disaggregation import decode_layer_ops, decode_step, handover, rank_hops
+from vpp.perf.disaggregation_cost import decode_layer_ops, decode_step, handover, rank_hops
 from vpp.perf.hardware import ASCEND_910C
 from vpp.perf.ops import Parallel
 from vpp.schedules import make_layout

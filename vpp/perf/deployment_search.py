@@ -29,8 +29,8 @@ from vpp.schedules.ir import Request
 
 from .cp import ContextParallelCost, cp_rank_memory
 from .decompose import decompose
-from .memory import rank_memory
-from .runs import Setup, requests_for
+from .rank_memory import rank_memory
+from .runs import Setup, dcpp_chunking
 from .taper import best_taper
 
 PAPER_CHUNKS = (8192, 16384, 24576, 32768)
@@ -56,7 +56,7 @@ class Candidate:
 
 @dataclass
 class Result:
-    """``memory``: the busiest device's peak bytes (weights, KV cache, activations; :mod:`.memory`),
+    """``memory``: the busiest device's peak bytes (weights, KV cache, activations; :mod:`.rank_memory`),
     ``fits``: within the device's memory."""
 
     candidate: Candidate
@@ -94,16 +94,12 @@ def evaluate(setup: Setup, cand: Candidate, length: int, sizes=None) -> Result:
     if sizes is not None:
         reqs = [Request(0, tuple(sizes))]
     elif cand.chunking == "dcpp":
-        reqs = requests_for(setup, "dcpp", [length], cand.chunk, cost, layout)
+        reqs = dcpp_chunking(setup, [length], cand.chunk, cost, layout)
     else:
         reqs = sch.chunk_requests([length], cand.chunk)
-    if cand.kind == "loop":
-        plan = sch.build_cpp(layout, reqs)
-    elif cand.comm == "async":
-        plan = sch.build_vpp_async(layout, reqs)
-    else:
-        plan = sch.build_vpp(layout, reqs)
-    trace = sch.simulate(plan, cost, check=False)
+    order = "cpp" if cand.kind == "loop" else "vpp-async" if cand.comm == "async" else "vpp"
+    sim = sch.simulate(order, layout, [length], cost, requests=reqs)
+    plan, trace = sim.plan, sim.trace
     row = decompose(cand.describe(), plan, trace, cost, view="simulator")
     mems = cp_rank_memory(plan, trace, cost) if isinstance(cost, ContextParallelCost) else rank_memory(plan, trace, cost)
     worst = max(mems, key=lambda m: m.total)

@@ -23,7 +23,7 @@ run at once, so the time is the busiest device's bytes over the link between the
 (``cp_link_bw``, else ``pp_link_bw``, else ``link_bw``: the instances are on different nodes where
 the device says so) plus one latency.
 
-Memory: a rank holds its layers' weights (:func:`~.memory.layer_weight_bytes`, the embedding / head
+Memory: a rank holds its layers' weights (:func:`~.rank_memory.layer_weight_bytes`, the embedding / head
 on their stages) and their caches at ``context`` tokens; ``fits`` compares that with ``mem_bytes``.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from .arch import Arch
 from .hardware import Device
-from .memory import kv_bytes_per_token_layer, layer_weight_bytes
+from .rank_memory import kv_bytes_per_token_layer, layer_weight_bytes
 from .ops import (Op, Parallel, _heads, _mla_projections, allreduce, embed_ops, ffn_ops, gemm, head_ops, layer_ops,
                   pp_message_bytes)
 
