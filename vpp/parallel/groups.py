@@ -173,7 +173,8 @@ def initialize_model_parallel(
     world, rank = dist.get_world_size(), dist.get_rank()
     tp, pp, cp = int(tp), int(pp), int(cp)
     if world % (tp * cp * pp):
-        raise ValueError(f"tp={tp} * cp={cp} * pp={pp} = {tp * cp * pp} does not divide world_size={world}")
+        factors = f"tp={tp} * cp={cp} * pp={pp}" if cp > 1 else f"tp={tp} * pp={pp}"
+        raise ValueError(f"{factors} = {tp * cp * pp} does not divide world_size={world}")
     sizes = GridSizes(world, tp=tp, pp=pp, ep=int(expert_model_parallel_size), dp=world // (tp * cp * pp), cp=cp)
     backend = str(dist.get_backend()).lower()
     acc = accelerator or accelerator_for_backend(backend)
