@@ -60,7 +60,7 @@ def sparse_partial(q: torch.Tensor, topk: torch.Tensor, latent: torch.Tensor, po
     if latent.shape[0] == 0:
         idx = torch.full_like(idx, -1)
         latent = latent.new_zeros(1, latent.shape[1])
-    rows = latent.index_select(0, idx.clamp(min=0).flatten()).view(m, idx.shape[1], -1)
+    rows = latent.index_select(0, idx.clamp(min=0).flatten()).view(m, idx.shape[1], latent.shape[1])
     scores = ((q * scale) @ rows.transpose(1, 2)).float()  # [m, H, k]
     scores.masked_fill_((idx < 0)[:, None, :], float("-inf"))
     lse = torch.logsumexp(scores, -1)
