@@ -50,11 +50,14 @@ def family_checks(case, groups, greedy_steps: int) -> dict:
         for n in streams:
             stage.release(n)
     stage.cp_method = "auto"
+    start = len(stage.cp_trace)
+    res[("chunks", "auto")] = rel(chunked(stage, ids, "a", CHUNK), ref)
+    res[("auto",)] = [t[3] for t in stage.cp_trace[start:]]
+    stage.release("a")
     tokens = [int(stage(ids, "g", 0, last_token_only=True).argmax())]
     for _ in range(greedy_steps - 1):
         tokens.append(int(stage.decode(torch.tensor(tokens[-1:]), ["g"]).argmax()))
     res[("greedy",)] = tokens
-    res[("trace",)] = [t[3] for t in stage.cp_trace]
     stage.release("g")
     return res
 
@@ -63,3 +66,73 @@ def run_cp_checks(rank, world_size, cases, tp, greedy_steps):
     torch.manual_seed(0)
     groups = initialize_model_parallel(tp, context_parallel_size=world_size // tp)
     return {(case.model_type,) + k: v for case in cases for k, v in family_checks(case, groups, greedy_steps).items()}
+
+
+def _broken(kind: str):
+    """Install a deliberately wrong variant of one CP piece (the parity checks must catch each);
+    returns a function that restores the right one."""
+    import vpp.transformer.attention.context_parallel as cpmod
+    import vpp.transformer.attention.cp_sparse as sparse
+    if kind == "split":  # a rank's two pieces in the wrong row order (attention assumes i, then 2cp-1-i)
+        good = cpmod.Split.index
+        cpmod.Split.index = lambda self, rank: torch.cat([torch.arange(*self.bounds(p))
+                                                          for p in reversed(self.pieces(rank))])
+        return lambda: setattr(cpmod.Split, "index", good)
+    if kind == "merge":  # partials averaged instead of weighted by their log-sum-exps
+        good = cpmod.merge_all
+        cpmod.merge_all = lambda parts: (torch.stack([p[0].float() for p in parts]).mean(0),
+                                         torch.stack([p[1] for p in parts]).amax(0))
+        return lambda: setattr(cpmod, "merge_all", good)
+    if kind == "topk":  # each rank's top-k over its own indexer keys only
+        good = sparse.gather_index_keys
+
+        def local_only(index_k, cp):
+            full = index_k.new_zeros(sum(len(p) for p in cp.positions), index_k.shape[1])
+            full[cp.positions[cp.group.rank].to(full.device)] = index_k
+            return full
+        sparse.gather_index_keys = local_only
+        return lambda: setattr(sparse, "gather_index_keys", good)
+    raise ValueError(kind)
+
+
+class _LocalRope(torch.nn.Module):
+    """RoPE at rank-local positions (offset + 0, 1, ...) instead of the tokens' global ones."""
+
+    def __init__(self, rope):
+        super().__init__()
+        self.rope, self.inv_freq = rope, rope.inv_freq
+
+    def forward(self, positions, dtype):
+        return self.rope(positions.min() + torch.arange(len(positions)), dtype)
+
+
+def broken_checks(cases) -> dict:
+    """The CP2 parity error of each broken variant: split, merge and RoPE on qwen3_moe (pass-KV),
+    the DSA top-k on deepseek_v32 (its sparse path)."""
+    from vpp.models import load_stage
+    groups = initialize_model_parallel(1, context_parallel_size=2)
+    res = {}
+    for kind, model_type in (("split", "qwen3_moe"), ("merge", "qwen3_moe"), ("rope", "qwen3_moe"),
+                             ("topk", "deepseek_v32")):
+        case = cases[model_type]
+        stage = load_stage(case.path, (0, 4), groups)
+        stage.cp_method = "pass-kv"
+        restore = None
+        if kind == "rope":
+            stage.rope = _LocalRope(stage.rope)
+        else:
+            restore = _broken(kind)
+        try:
+            res[("broken", kind)] = rel(chunked(stage, case.prompts["a"], "a", CHUNK), case.logits["a"])
+        finally:
+            if restore:
+                restore()
+    return res
+
+
+def run_cp2_world(rank, world_size, cases, greedy_steps, breaks=True):
+    """The CP2 world: every family and method, then the broken variants."""
+    res = run_cp_checks(rank, world_size, cases, 1, greedy_steps)
+    if breaks:
+        res.update(broken_checks({c.model_type: c for c in cases}))
+    return res

@@ -110,6 +110,8 @@ class Stage(nn.Module):
         cp = state.add_chunk(g, offset, tokens, self.cp_method, kv_per_q)
         self.cp_trace.append((request, offset, tokens, cp.method))
         mine = cp.split.index(g.rank)
+        for cache in self._caches():  # exact growth past a reservation (never the doubling: a full copy)
+            cache.reserve(request, len(cp.positions[g.rank]))
         if self.is_first:
             x = x[mine.to(x.device)]
         elif x.shape[0] != len(mine):
@@ -174,7 +176,11 @@ class Stage(nn.Module):
     def reserve(self, request: Hashable, tokens: int) -> None:
         """Size every cache of ``request`` on this stage for ``tokens`` tokens in all (prompt, plus
         any tokens to be decoded): allocated once, at the first chunk. Appending past it still works
-        (the caches then grow). Never shrinks a reservation."""
+        (the caches then grow). Never shrinks a reservation. Under CP a rank reserves its share,
+        ``ceil(tokens / cp) + 2 cp`` rows (the head-tail split rounds each chunk's share up by at most
+        a piece); a chunk that would pass it grows the caches to exactly what it needs."""
+        if self.cp_group.size > 1:
+            tokens = -(-tokens // self.cp_group.size) + 2 * self.cp_group.size
         for cache in self._caches():
             cache.reserve(request, tokens)
 
