@@ -1,7 +1,8 @@
 """Context parallelism (CP) on real ranks against transformers (tiny random models, fp32).
 
-One spawned gloo world per grid runs every case (tests/models/cp_checks.py): CP2 (2 ranks) and, in
-the slow tier, CP2 x TP2 (4 ranks). Each family (qwen3_moe: GQA; deepseek_v3: MLA; deepseek_v32 and
+One spawned gloo world per grid runs every case (tests/models/cp_checks.py; slow tier, as every
+test that starts processes): CP2 (2 ranks) and CP2 x TP2 (4 ranks). The fast tier checks the split,
+the rule, the memory plan, and the pieces-and-merge arithmetic of every method in one process. Each family (qwen3_moe: GQA; deepseek_v3: MLA; deepseek_v32 and
 glm_moe_dsa: DSA with index_topk 8, so chunks past 8 keys select) with each attention method
 (all-gather, ring pass-KV, pass-Q): the 37-token prompt in chunks of 16, 16 and 5 (the ragged last
 one not a multiple of 2 cp, one rank holding a single piece), a cached prefix of 20 tokens then the
@@ -90,8 +91,36 @@ def test_memory_plan_shards_the_kv_cache_over_cp():
     assert shortfall([one], budget, shared=False) and shortfall([two], budget, shared=False) is None
 
 
+@pytest.mark.parametrize("cp", [2, 3])
+def test_pieces_and_merge_equal_causal_attention_in_one_process(cp):
+    """Every rank's queries over every rank's rows (block_partial, merge_all: the arithmetic all three
+    methods share), chunk after chunk with the caches sharded, equal the unsplit causal attention."""
+    from vpp.parallel import Group
+    from vpp.transformer.attention.context_parallel import CPChunk, block_partial, merge_all
+    from vpp.transformer.attention.kernel import attention_lse, causal_attention
+    g = torch.Generator().manual_seed(0)
+    total, scale = 37, 8 ** -0.5
+    q, k, v = (torch.randn(h, total, 8, generator=g) for h in (4, 2, 2))
+    attend = lambda qs, rows, causal: attention_lse(qs, rows["k"], rows["v"], scale, causal=causal)  # noqa: E731
+    cache = [torch.zeros(0, dtype=torch.long) for _ in range(cp)]  # each rank's positions, in row order
+    offset = 0
+    for tokens in (16, 16, 5):
+        split = Split(tokens, cp)
+        prefix = tuple(len(c) for c in cache)
+        cache = [torch.cat((c, offset + split.index(t))) for t, c in enumerate(cache)]
+        info = CPChunk(Group.single(), split, offset, prefix, tuple(cache), "all-gather")
+        ref = causal_attention(q[:, :offset + tokens], k[:, :offset + tokens], v[:, :offset + tokens], scale)
+        for r in range(cp):
+            mine = offset + split.index(r)
+            parts = [block_partial(attend, q[:, mine], r, {"k": k[:, cache[t]], "v": v[:, cache[t]]},
+                                   {"k": 1, "v": 1}, t, info, 8) for t in range(cp)]
+            torch.testing.assert_close(merge_all(parts)[0], ref[:, mine], atol=1e-5, rtol=1e-5)
+        offset += tokens
+
+
 # --- CP2: two spawned ranks ----------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 @pytest.mark.parametrize("method", METHODS)
 def test_cp2_matches_transformers(model_type, method, cp2_results):
@@ -101,12 +130,14 @@ def test_cp2_matches_transformers(model_type, method, cp2_results):
             assert error <= REL, f"rank {rank}, {what}: rel error {error:.2e}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_cp2_greedy_decode_equals_transformers_generate(model_type, cp2_results, hf_greedy):
     for res in cp2_results:
         assert res[(model_type, "greedy")] == hf_greedy[model_type]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_cp2_kv_cache_is_sharded_no_rank_holds_a_full_copy(model_type, cp2_results, hf_cases):
     tokens = len(hf_cases[model_type].prompts["a"])
@@ -115,6 +146,7 @@ def test_cp2_kv_cache_is_sharded_no_rank_holds_a_full_copy(model_type, cp2_resul
         assert sum(rows) == tokens and max(rows) <= math.ceil(tokens / 2) + 1, rows  # 18 and 19 of 37
 
 
+@pytest.mark.slow
 def test_cp2_auto_says_which_method_each_chunk_took(cp2_results):
     """chunks 16, 16, 5: new / (new + cached) = 1, 0.5, 0.14 against qwen's 2 kv / q = 0.5; MLA's
     latent (24 values) against its queries' 4 x 24: 0.25."""
@@ -125,6 +157,7 @@ def test_cp2_auto_says_which_method_each_chunk_took(cp2_results):
             assert res[(model_type, "chunks", "auto")] <= REL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["split", "rope", "merge", "topk"])
 def test_cp2_parity_catches_a_broken_variant(kind, cp2_results):
     for res in cp2_results:
