@@ -32,15 +32,22 @@ def test_impossible_cp_combinations_are_one_line_errors(capsys, argv, pattern):
     _one_line(capsys, argv + ["--model", "tiny-qwen"], pattern)
 
 
+def test_the_toy_model_has_no_attention_to_split(capsys):
+    _one_line(capsys, ["prefill", "--model", "toy", "--cp", "2"], r"the toy model has no attention to split")
+
+
 @pytest.mark.slow
 def test_prefill_cp2_checks_against_the_unsplit_forward_and_shards_the_cache(capsys):
-    argv = ["prefill", "--model", "tiny-deepseek", "--cp", "2", "--seq-len", "96", "--chunk-size", "32",
+    argv = ["prefill", "--model", "tiny-deepseek", "--cp", "2", "--seq-len", "160", "--chunk-size", "32",
             "--repeat", "1", "--no-warmup", "--check", "--json", "--device", "cpu"]
     assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["max_abs_diff"] <= 1e-3
-    assert sorted(r["kv_rows"] for r in out["ranks"]) == [48, 48]  # 96 tokens, half on each rank
-    assert out["methods"] == ["pass-kv", "pass-kv", "pass-q"]  # tiny-deepseek: latent / queries = 0.375
+    assert sorted(r["kv_rows"] for r in out["ranks"]) == [80, 80]  # 160 tokens, half on each rank
+    # the plan reserves ceil(160 / 2) + 2 cp = 84 rows per rank, and that is what each rank allocated
+    assert all(r["kv_cache_bytes"] == out["memory_plan"]["kv_cache"] for r in out["ranks"])
+    # tiny-deepseek: latent / queries = 160 / (8 x 96) = 0.21; the last chunk's 32 / 160 = 0.2 is below
+    assert out["methods"] == ["pass-kv"] * 4 + ["pass-q"]
 
 
 @pytest.mark.slow

@@ -22,6 +22,9 @@ CP_ATTENTION = ("auto", "all-gather", "pass-kv", "pass-q")
 def check_cp(args, *, prompt_tokens: int, given_options: dict) -> None:
     """One line for each impossible CP combination, before any rank starts."""
     cp = args.cp
+    if args.model == "toy":
+        raise UsageError(f"--cp {cp} needs a transformer (tiny-deepseek, tiny-qwen, tiny-glm or a model "
+                         f"directory); the toy model has no attention to split")
     if args.pp != 1:
         raise UsageError(f"--cp {cp} with --pp {args.pp}: context parallelism runs on one pipeline stage for now "
                          f"(give --pp 1, or leave --pp out)")

@@ -146,6 +146,9 @@ def check(args) -> None:
                          ("--save-logits", args.save_logits)) if v}
         check_cp(args, prompt_tokens=args.seq_len, given_options=pipeline_only)
         open_checked(args.model, tp=args.tp, pp=1, schedules=["cpp"], chunk=args.chunk_size, seq_len=args.seq_len)
+        from vpp.cli.prefill_rounds import layout_for
+        args.memory_plan = check_memory(model, {"cp": layout_for(model, "cpp", 1)}, tp=args.tp, tokens=args.seq_len,
+                                        chunk=args.chunk_size, device=args.device, cp=args.cp)
         check_devices(args.device, args.tp * args.cp)
         return
     checked = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
@@ -210,6 +213,8 @@ def _run_cp(args) -> int:
     if out is None:  # under torchrun, every rank but global rank 0
         return 0
     atol = args.atol if args.atol is not None else check_tolerance(job.dtype, out.get("reference_max_abs", 0.0))
+    plan = (getattr(args, "memory_plan", None) or {}).get("cp")
+    out["memory_plan"] = plan[0].to_dict() if plan else None  # every rank alike: its share of the KV cache
     return report_prefill(out, job, as_json=args.json, atol=atol)
 
 

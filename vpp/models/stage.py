@@ -220,6 +220,9 @@ class Stage(nn.Module):
         takes the same dict into fresh stages of the same layers and TP rank; :meth:`cache_slices`
         says which slice of the full tensors this rank holds, for a hand-over to another layout.
         ``copy=False`` gives views of the caches instead (valid until the request grows or is freed)."""
+        if self.cp_group.size > 1:
+            raise ValueError(f"stage {self.layer_range}: request {request!r}'s caches are sharded over "
+                             f"{self.cp_group.size} CP ranks; exporting them is not supported yet")
         out = {}
         for i, layer in zip(range(*self.layer_range), self.model.layers.values()):
             for part, tensor in layer.self_attn.cache.get(request).items():
