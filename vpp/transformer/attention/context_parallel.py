@@ -138,26 +138,35 @@ def _segments(split: Split, rank: int, first_row: int) -> list[tuple[int, int, i
 
 
 def block_partial(attend: Attend, q: torch.Tensor, q_rank: int, kv: dict, dims: dict, kv_rank: int,
-                  cp: CPChunk, value_dim: int) -> Partial:
+                  cp: CPChunk, value_dim: int, prepare: Callable[[dict], dict] | None = None) -> Partial:
     """Attention of ``q_rank``'s queries q [H, m, D] over ``kv_rank``'s rows ``kv`` (parts with their
-    token dims ``dims``): (out [H, m, value_dim] fp32, lse [H, m]); lse -inf where a query sees none."""
+    token dims ``dims``): (out [H, m, value_dim] fp32, lse [H, m]); lse -inf where a query sees none.
+    ``prepare`` turns a slice of rows into what ``attend`` takes (MLA: the latent expanded to per-head
+    K/V), once per slice: the block's earlier-chunk rows are attended by every query in one call."""
+    prepare = prepare or (lambda rows: rows)
+    queries = _segments(cp.split, q_rank, 0)
+    if not queries:  # a rank without tokens in this chunk
+        return empty_partial(q.shape[0], 0, value_dim, q)
     prefix = cp.prefix[kv_rank]
-    keys = ([(0, prefix, -1)] if prefix else []) + _segments(cp.split, kv_rank, prefix)
+    cut = lambda a, b: prepare({n: t.narrow(dims[n], a, b - a) for n, t in kv.items()})  # noqa: E731
+    before = None
+    if prefix:  # rows of earlier chunks: seen by every query, no mask
+        out, lse = attend(q, cut(0, prefix), False)
+        before = (out.float(), lse)
+    pieces = [(kp, cut(ka, kb)) for ka, kb, kp in _segments(cp.split, kv_rank, prefix)
+              if any(kp <= qp for _, _, qp in queries)]
     outs, lses = [], []
-    for qa, qb, qp in _segments(cp.split, q_rank, 0):
-        acc = None
-        for ka, kb, kp in keys:
+    for qa, qb, qp in queries:
+        acc = None if before is None else (before[0][:, qa:qb], before[1][:, qa:qb])
+        for kp, rows in pieces:
             if kp > qp:
                 continue
-            rows = {n: t.narrow(dims[n], ka, kb - ka) for n, t in kv.items()}
             out, lse = attend(q[:, qa:qb], rows, kp == qp)
             acc = (out.float(), lse) if acc is None else merge_partials(acc, (out.float(), lse))
         if acc is None:
             acc = empty_partial(q.shape[0], qb - qa, value_dim, q)
         outs.append(acc[0])
         lses.append(acc[1])
-    if not outs:  # a rank without tokens in this chunk
-        return empty_partial(q.shape[0], 0, value_dim, q)
     return torch.cat(outs, 1), torch.cat(lses, 1)
 
 
@@ -258,7 +267,8 @@ def merge_all(parts: list[Partial]) -> Partial:
     return (torch.stack([p[0].float() for p in parts]) * weights).sum(0), lse
 
 
-def cp_attention(attend: Attend, q: torch.Tensor, kv: dict, dims: dict, cp: CPChunk, value_dim: int) -> torch.Tensor:
+def cp_attention(attend: Attend, q: torch.Tensor, kv: dict, dims: dict, cp: CPChunk, value_dim: int,
+                 prepare: Callable[[dict], dict] | None = None) -> torch.Tensor:
     """Exact attention of this rank's queries q [H, m, D] over every rank's rows (``kv``: this rank's
     cache, the chunk appended) by ``cp.method``. Returns [H, m, value_dim] in q's dtype."""
     group, r = cp.group, cp.group.rank
@@ -268,7 +278,8 @@ def cp_attention(attend: Attend, q: torch.Tensor, kv: dict, dims: dict, cp: CPCh
         counts = [cp.split.count(t) for t in range(group.size)]
 
         def visit(src, payload):
-            partials[src] = block_partial(attend, payload["q"].transpose(0, 1), src, kv, dims, r, cp, value_dim)
+            partials[src] = block_partial(attend, payload["q"].transpose(0, 1), src, kv, dims, r, cp, value_dim,
+                                          prepare)
 
         ring_pass({"q": q.transpose(0, 1).contiguous()}, {"q": 0}, group, counts, visit)
         acc = merge_all(return_partials(partials, group, counts))
@@ -276,11 +287,12 @@ def cp_attention(attend: Attend, q: torch.Tensor, kv: dict, dims: dict, cp: CPCh
         parts: list[Partial] = []
         if cp.method == "pass-kv":
             ring_pass(kv, dims, group, rows,
-                      lambda src, block: parts.append(block_partial(attend, q, r, block, dims, src, cp, value_dim)))
+                      lambda src, block: parts.append(block_partial(attend, q, r, block, dims, src, cp, value_dim,
+                                                                    prepare)))
         else:
             blocks = gather_blocks(kv, dims, cp, group, rows)
             order = [(r - s) % group.size for s in range(group.size)]
-            parts = [block_partial(attend, q, r, blocks[t], dims, t, cp, value_dim) for t in order]
+            parts = [block_partial(attend, q, r, blocks[t], dims, t, cp, value_dim, prepare) for t in order]
         acc = merge_all(parts)
     else:
         raise ValueError(f"unknown CP attention method {cp.method!r}; choose from {', '.join(METHODS)}")

@@ -237,12 +237,12 @@ class MLAttention(nn.Module, UsesWorkspace):
         total = sum(len(p) for p in cp.positions)
         if self.dsa is None or total <= self.dsa.index_topk:
             q = torch.cat((q_nope, q_rope), dim=-1).transpose(0, 1)
-            attend = lambda qs, rows, causal: attention_lse(  # noqa: E731
-                qs, *self._expand(rows["latent"]), s.softmax_scale, causal=causal)
+            expand = lambda rows: dict(zip("kv", self._expand(rows["latent"])))  # noqa: E731
+            attend = lambda qs, kv, causal: attention_lse(qs, kv["k"], kv["v"], s.softmax_scale, causal=causal)  # noqa: E731
             if not decode:
                 kv = {"latent": cached["latent"]}
-                return cp_attention(attend, q, kv, {"latent": 0}, cp, s.v_head_dim).transpose(0, 1)
-            part = attend(q, cached, False) if cached else empty_partial(q.shape[0], 1, s.v_head_dim, q)
+                return cp_attention(attend, q, kv, {"latent": 0}, cp, s.v_head_dim, expand).transpose(0, 1)
+            part = attend(q, expand(cached), False) if cached else empty_partial(q.shape[0], 1, s.v_head_dim, q)
             return decode_merge(part, cp).to(q.dtype).transpose(0, 1)
         if self.indexer is not None:
             index_k = cached["index_k"] if cached else parts["index_k"][:0]
