@@ -6,7 +6,9 @@ prefill); rounds interleave the configurations (PP1, CP2, PP2, then again), so a
 shared machine falls on all of them alike. Reported per (model, length): median and [min-max] TTFT
 over the rounds and CP2 / PP1, PP2 / PP1 per round (median [min-max]). Run
 ``python -m benchmarks.cp_runs`` (16K and 32K tokens on tiny-deepseek and tiny-qwen, 3 rounds; writes
-benchmarks/results/cp_runs.md and .json); ``--lengths 4096 --rounds 2 --models tiny-qwen`` for a quick look.
+``--out`` + .md and .json, by default cp_runs in the results folder); ``--lengths 4096 --rounds 2
+--models tiny-qwen`` for a quick look. No results are committed yet: the 16K/32K runs did not fit the
+session that wrote this script.
 """
 
 from __future__ import annotations
