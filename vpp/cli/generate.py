@@ -41,7 +41,11 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default="tiny-deepseek",
                    help="tiny-deepseek | tiny-qwen | tiny-glm | a model directory (config.json + safetensors)")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks per pipeline stage")
-    p.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks (tp * pp ranks in all)")
+    p.add_argument("--pp", type=positive_int, default=None, help="pipeline ranks (tp * pp ranks in all; default 2, "
+                   "1 with --cp)")
+    p.add_argument("--cp", type=positive_int, default=1,
+                   help="context-parallel ranks: the prompt's chunks split over them, the KV cache sharded, each "
+                        "decode step merged over their shards (tp * cp ranks; see vpp.cli.cp_runs)")
     p.add_argument("--schedule", default="vpp-async", choices=strategies.PLANNED, help="the prefill's schedule")
     p.add_argument("--chunk-size", type=positive_int, default=512, help="prefill chunk size (DCPP: its budget)")
     p.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens to generate after the prompt")
@@ -101,6 +105,8 @@ class GenerateJob:
 def check(args) -> None:
     if args.top_p > 1:
         raise UsageError(f"argument --top-p: must lie in (0, 1], got {args.top_p}")
+    args.pp = args.pp or (1 if args.cp > 1 else 2)
+    schedule = "cpp" if args.load_kv or args.cp > 1 else args.schedule
     from vpp.models import check_model, text_prompt
     try:
         check_model(args.model, dtype=args.dtype)
@@ -114,7 +120,7 @@ def check(args) -> None:
     if args.decode_tp is not None and (args.save_kv or args.load_kv):
         raise UsageError("--decode-tp hands the caches over between ranks; --save-kv / --load-kv through a directory: "
                          "choose one")
-    run_as = "cpp" if args.load_kv else args.schedule  # --load-kv continues on a loop of the tp x pp ranks
+    run_as = schedule  # --load-kv continues on a loop of the tp x pp ranks; CP prefills one group
     model, layouts = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=[run_as])
     decode_layout = None
     if args.decode_tp is not None:
@@ -147,6 +153,7 @@ def check(args) -> None:
     if limit is not None and len(ids) + args.max_new_tokens > limit:
         raise UsageError(f"a prompt of {len(ids)} tokens plus --max-new-tokens {args.max_new_tokens} exceeds the "
                          f"model's {limit} positions")
+    args.model_dtype = model.dtype
     check_memory(model, layouts, tp=args.tp,
                  tokens=len(ids) + args.max_new_tokens, chunk=args.chunk_size,
                  option=f" plus {args.max_new_tokens} new tokens")
@@ -161,6 +168,12 @@ def check(args) -> None:
                            layout=layouts[run_as], decode_layout=decode_layout)
     if args.save_kv:
         _check_output_dir(args.save_kv, args.tp * args.pp)
+    if args.cp > 1:
+        from vpp.cli.cp_runs import check_cp
+        check_cp(args, prompt_tokens=len(ids), given_options={o: why for o, v, why in (
+            ("--decode-tp", args.decode_tp, "CP decodes on the prefill's ranks, over their shards"),
+            ("--save-kv", args.save_kv, "a sharded cache is not saved yet"),
+            ("--load-kv", args.load_kv, "a sharded cache is not loaded yet")) if v is not None})
 
 
 def _saved_request(directory: str) -> dict:
@@ -352,7 +365,35 @@ def _streamer(tokenizer):
     return show
 
 
+def _run_cp(args) -> int:
+    from vpp.cli.cp_runs import CPJob, launch_job
+    job = args.job
+    dtype = str(args.model_dtype).removeprefix("torch.")
+    out = launch_job(CPJob(job.model, job.tp, args.cp, job.chunk_size, job.prompt_ids, len(job.prompt_ids), "auto",
+                           dtype, job.seed, warmup=False, cached_prefix=job.cached_prefix,
+                           max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_k=job.top_k,
+                           top_p=job.top_p), args)
+    if out is None:  # under torchrun, every rank but global rank 0
+        return 0
+    new = out["generated_ids"]
+    if args.json:
+        result = {"prompt_ids": job.prompt_ids, "generated_ids": new, "ttft_s": out["ttft_s"][0],
+                  "time_per_output_token_s": out["time_per_output_token_s"], "cp": args.cp,
+                  "cp_attention": out["methods"], "kv_cache": out["ranks"],
+                  "config": {k: v for k, v in _config(job).items() if k != "schedule"}}
+        if args.tokenizer is not None:
+            result["text"] = args.tokenizer.decode(new)
+        print(json.dumps(result))
+    else:
+        print(args.tokenizer.decode(new) if args.tokenizer is not None else " ".join(map(str, new)), flush=True)
+        print(f"[{len(new)} tokens; TTFT {out['ttft_s'][0]:.3f} s, {1e3 * out['time_per_output_token_s']:.1f} ms per "
+              f"output token; cp={args.cp}]", file=sys.stderr)
+    return 0
+
+
 def run(args) -> int:
+    if args.cp > 1:
+        return _run_cp(args)
     from vpp.parallel import launch
     job = args.job
     world = job.tp * job.pp + (job.decode_tp * job.decode_pp if job.decode_tp else 0)

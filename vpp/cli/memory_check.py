@@ -16,8 +16,9 @@ def check_positions(config: dict, tokens: int, what: str) -> None:
                          f"(max_position_embeddings in its config)")
 
 
-def plan_ranks(model, layout, *, tp: int, tokens: int, chunk: int, device: str = "auto", dtype=None):
-    """The :class:`~vpp.perf.memory_plan.RankMemoryPlan` of every pipeline rank of ``layout``."""
+def plan_ranks(model, layout, *, tp: int, tokens: int, chunk: int, device: str = "auto", dtype=None, cp: int = 1):
+    """The :class:`~vpp.perf.memory_plan.RankMemoryPlan` of every pipeline rank of ``layout`` (with ``cp``:
+    of each of its context-parallel ranks, which are alike)."""
     from vpp.perf.arch import Arch
     from vpp.perf.memory_plan import CPU_WORKSPACE, DEVICE_WORKSPACE_SHARE, plan_memory
     dtype = dtype or model.dtype
@@ -32,21 +33,21 @@ def plan_ranks(model, layout, *, tp: int, tokens: int, chunk: int, device: str =
                        first_rank=layout.rank_of(0), last_rank=layout.rank_of(layout.last_stage),
                        weights=_meta_weights(model, layout, tp, dtype),
                        workspace_bytes=card // DEVICE_WORKSPACE_SHARE if card else CPU_WORKSPACE,
-                       runtime=0 if card else _rss())
+                       runtime=0 if card else _rss(), cp=cp)
 
 
 def check_memory(model, layouts: dict, *, tp: int, tokens: int, chunk: int, device: str = "auto",
-                 option: str = "") -> dict:
+                 option: str = "", cp: int = 1) -> dict:
     """Plans per schedule; a :class:`UsageError` with the figures when one does not fit."""
     from vpp.perf.memory_plan import shortfall
     plans = {}
     for name, layout in layouts.items():
-        plan = plan_ranks(model, layout, tp=tp, tokens=tokens, chunk=chunk, device=device)
+        plan = plan_ranks(model, layout, tp=tp, tokens=tokens, chunk=chunk, device=device, cp=cp)
         if plan is None:
             continue
         plans[name] = plan
         card = _card_bytes(device)
-        ranks = [p for p in plan for _ in range(tp)]  # every TP rank of a pipeline rank holds the same share
+        ranks = [p for p in plan for _ in range(tp * cp)]  # every TP (and CP) rank of a stage holds the same share
         if card:
             problem = shortfall(ranks, card, shared=False)
             where = f"{_kind(device)} memory per rank"

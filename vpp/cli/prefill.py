@@ -60,7 +60,13 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default="tiny-deepseek",
                    help="tiny-deepseek | tiny-qwen | tiny-glm | toy | a model directory (config.json + safetensors)")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks per pipeline stage")
-    p.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks (tp * pp ranks in all)")
+    p.add_argument("--pp", type=positive_int, default=None, help="pipeline ranks (tp * pp ranks in all; default 2, "
+                   "1 with --cp)")
+    p.add_argument("--cp", type=positive_int, default=1,
+                   help="context-parallel ranks: each chunk's tokens split over them, the KV cache sharded "
+                        "(tp * cp ranks; see vpp.cli.cp_runs)")
+    p.add_argument("--cp-attention", default="auto", choices=("auto", "all-gather", "pass-kv", "pass-q"),
+                   help="--cp: how queries meet the other ranks' keys (auto: per chunk, Meta's rule)")
     p.add_argument("--seq-len", type=positive_int, default=None,
                    help=f"prompt tokens (default {DEFAULT_SEQ_LEN} random ids; with --prompt-file the text repeated to this length, "
                         "else the text's own length)")
@@ -111,6 +117,7 @@ def check(args) -> None:
     index, safetensors headers, quantization), the split over --tp/--pp/--folds (every stage built
     on the meta device), the prompt file and the output paths."""
     from vpp.models import check_model, open_model, prompt_ids
+    args.pp = args.pp or (1 if args.cp > 1 else 2)
     try:
         args.schedules = strategies.parse(args.schedule, strategies.PLANNED)
     except ValueError as exc:
@@ -132,6 +139,18 @@ def check(args) -> None:
     if args.cached_prefix >= args.seq_len:
         raise UsageError(f"--cached-prefix {args.cached_prefix} leaves nothing to prefill of a {args.seq_len}-token "
                          f"prompt")
+    if args.cp > 1:  # one CP group of tp x cp ranks: no pipeline schedule to compare
+        from vpp.cli.cp_runs import check_cp
+        pipeline_only = {o: "it shapes a pipeline" for o, v in (("--folds", args.folds != 1),
+                         ("--schedule", args.schedule != "cpp,vpp,vpp-async"), ("--trace", args.trace),
+                         ("--save-logits", args.save_logits)) if v}
+        check_cp(args, prompt_tokens=args.seq_len, given_options=pipeline_only)
+        _, cp_layouts = open_checked(args.model, tp=args.tp, pp=1, schedules=["cpp"], chunk=args.chunk_size,
+                                     seq_len=args.seq_len)
+        args.memory_plan = check_memory(model, {"cp": cp_layouts["cpp"]}, tp=args.tp, tokens=args.seq_len,
+                                        chunk=args.chunk_size, device=args.device, cp=args.cp)
+        check_devices(args.device, args.tp * args.cp)
+        return
     _, args.layouts = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
                                    chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
     args.memory_plan = check_memory(model, args.layouts, tp=args.tp, tokens=args.seq_len, chunk=args.chunk_size,
@@ -166,6 +185,8 @@ def _worker(rank: int, world: int, cfg):
 
 
 def run(args) -> int:
+    if args.cp > 1:
+        return _run_cp(args)
     cfg = _config(args)
     from vpp.parallel import launch
     device = None if args.device == "auto" else args.device
@@ -178,6 +199,20 @@ def run(args) -> int:
     if atol is None:
         atol = check_tolerance(cfg.dtype, facts["check"]["reference_max_abs"] if cfg.check else 0.0)
     return report(rows, facts, cfg, as_json=args.json, atol=atol, memory_plan=getattr(args, "memory_plan", None))
+
+
+def _run_cp(args) -> int:
+    from vpp.cli.cp_runs import CPJob, launch_job, report_prefill
+    job = CPJob(args.model, args.tp, args.cp, args.chunk_size, args.prompt, args.seq_len, args.cp_attention,
+                args.run_dtype, args.seed, repeat=args.repeat, warmup=not args.no_warmup,
+                cached_prefix=args.cached_prefix, check=args.check, moe_dispatch=args.moe_dispatch)
+    out = launch_job(job, args)
+    if out is None:  # under torchrun, every rank but global rank 0
+        return 0
+    atol = args.atol if args.atol is not None else check_tolerance(job.dtype, out.get("reference_max_abs", 0.0))
+    plan = (getattr(args, "memory_plan", None) or {}).get("cp")
+    out["memory_plan"] = plan[0].to_dict() if plan else None  # every rank alike: its share of the KV cache
+    return report_prefill(out, job, as_json=args.json, atol=atol)
 
 
 def _fmt(stats, scale=1.0, digits=3) -> str:

@@ -34,6 +34,7 @@ from vpp.transformer.basic import RMSNorm
 from vpp.parallel.groups import ParallelGroups
 from vpp.parallel.layers import ParallelLMHead, VocabParallelEmbedding
 from vpp.transformer.attention.cache import shape_problem
+from vpp.models.cp_state import CPState, from_owner, gather_rows
 
 
 class Stage(nn.Module):
@@ -51,6 +52,11 @@ class Stage(nn.Module):
         # the longest prompt the model's positions cover (the pipeline checks prompts against it)
         self.max_positions = self.config.get("max_position_embeddings")
         self.rope = rope
+        # context parallelism: each chunk's tokens split over groups.cp (vpp.models.cp_state)
+        self.cp_group = groups.cp
+        self.cp_method = "auto"  # or one of vpp.transformer.attention.context_parallel.METHODS
+        self.cp_trace: list[tuple] = []  # (request, offset, tokens, method) of every CP chunk
+        self._cp: dict[Hashable, CPState] = {}
         self._finite: dict[Hashable, torch.Tensor] = {}  # request -> per-layer "output finite" flags
         self.model = nn.Module()
         kw = dict(dtype=dtype, device=device)
@@ -63,15 +69,21 @@ class Stage(nn.Module):
 
     @torch.inference_mode()
     def forward(self, x: torch.Tensor, request: Hashable, offset: int, *,
-                last_token_only: bool = False) -> torch.Tensor:
+                last_token_only: bool = False, chunk_tokens: int | None = None) -> torch.Tensor:
         have = self.cache_length(request)
         if offset != have:
             raise ValueError(f"stage {self.layer_range}: request {request!r} chunk at offset {offset}, "
                              f"but this stage has cached {have} of its tokens")
+        if self.cp_group.size > 1:
+            return self._forward_cp(x, request, offset, last_token_only, chunk_tokens)
         h = self._embed(x)
         positions = torch.arange(offset, offset + h.shape[0], device=h.device)
         cos, sin = self.rope(positions, h.dtype)
         chunk = Chunk(request, offset, cos, sin)
+        return self._layers(h, chunk, last_token_only)
+
+    def _layers(self, h: torch.Tensor, chunk: Chunk, last_token_only: bool) -> torch.Tensor:
+        request = chunk.request
         finite = []
         for layer in self.model.layers.values():
             h = layer(h, chunk)
@@ -83,6 +95,37 @@ class Stage(nn.Module):
         if last_token_only:
             h = h[-1:]
         return self.lm_head(self.model.norm(h))
+
+    def _forward_cp(self, x, request, offset, last_token_only, chunk_tokens) -> torch.Tensor:
+        """Context parallelism: the first stage takes the whole chunk's ids and keeps this rank's
+        share (a later stage takes its share of hidden states, ``chunk_tokens`` the chunk's size);
+        everything but attention runs on the share. Returns the share's hidden states, or on the last
+        stage the chunk's logits in token order ([1, vocab] for the last token, from its owner)."""
+        g = self.cp_group
+        tokens = len(x) if self.is_first else chunk_tokens
+        if tokens is None:
+            raise ValueError(f"stage {self.layer_range}: a later stage under CP needs chunk_tokens")
+        state = self._cp.setdefault(request, CPState(g.size))
+        kv_per_q = next(iter(self.model.layers.values())).self_attn.kv_per_q()
+        cp = state.add_chunk(g, offset, tokens, self.cp_method, kv_per_q)
+        self.cp_trace.append((request, offset, tokens, cp.method))
+        mine = cp.split.index(g.rank)
+        for cache in self._caches():  # exact growth past a reservation (never the doubling: a full copy)
+            cache.reserve(request, len(cp.positions[g.rank]))
+        if self.is_first:
+            x = x[mine.to(x.device)]
+        elif x.shape[0] != len(mine):
+            raise ValueError(f"stage {self.layer_range}: CP rank {g.rank} holds {len(mine)} of the chunk's "
+                             f"{tokens} tokens, got {x.shape[0]} rows")
+        h = self._embed(x)
+        cos, sin = self.rope((offset + mine).to(h.device), h.dtype)
+        out = self._layers(h, Chunk(request, offset, cos, sin, cp=cp), False)
+        if not self.is_last:
+            return out
+        if last_token_only:
+            owner, row = cp.split.owner(tokens - 1)
+            return from_owner(out[row:row + 1], owner, (1, out.shape[1]), out, g)
+        return gather_rows(out, cp.split, g)
 
     @torch.inference_mode()
     def decode(self, x: torch.Tensor, requests: list[Hashable]) -> torch.Tensor:
@@ -98,8 +141,9 @@ class Stage(nn.Module):
             raise ValueError(f"stage {self.layer_range}: {len(x)} inputs for {len(requests)} requests")
         h = self._embed(x)
         cos, sin = self.rope(torch.tensor(offsets, device=h.device), h.dtype)
-        batch = Batch([Chunk(q, n, cos[i:i + 1], sin[i:i + 1]) for i, (q, n) in enumerate(zip(requests, offsets))],
-                      cos, sin)
+        steps = [self._cp[q].add_token(self.cp_group) if self.cp_group.size > 1 else None for q in requests]
+        batch = Batch([Chunk(q, n, cos[i:i + 1], sin[i:i + 1], cp=steps[i])
+                       for i, (q, n) in enumerate(zip(requests, offsets))], cos, sin)
         for layer in self.model.layers.values():
             h = layer(h, batch)
         return self.lm_head(self.model.norm(h)) if self.is_last else h
@@ -118,7 +162,11 @@ class Stage(nn.Module):
         return [layer.self_attn.cache for layer in self.model.layers.values()]
 
     def cache_length(self, request: Hashable) -> int:
-        """Tokens of ``request`` this stage has processed (0 for a request it has not seen)."""
+        """Tokens of ``request`` this stage has processed (0 for a request it has not seen); under
+        CP every rank's tokens (its cache holds its own share)."""
+        if self.cp_group.size > 1:
+            state = self._cp.get(request)
+            return 0 if state is None else state.tokens
         return self._caches()[0].length(request)
 
     def requests(self) -> list[Hashable]:
@@ -128,7 +176,11 @@ class Stage(nn.Module):
     def reserve(self, request: Hashable, tokens: int) -> None:
         """Size every cache of ``request`` on this stage for ``tokens`` tokens in all (prompt, plus
         any tokens to be decoded): allocated once, at the first chunk. Appending past it still works
-        (the caches then grow). Never shrinks a reservation."""
+        (the caches then grow). Never shrinks a reservation. Under CP a rank reserves its share,
+        ``ceil(tokens / cp) + 2 cp`` rows (the head-tail split rounds each chunk's share up by at most
+        a piece); a chunk that would pass it grows the caches to exactly what it needs."""
+        if self.cp_group.size > 1:
+            tokens = -(-tokens // self.cp_group.size) + 2 * self.cp_group.size
         for cache in self._caches():
             cache.reserve(request, tokens)
 
@@ -148,6 +200,7 @@ class Stage(nn.Module):
     def release(self, request: Hashable) -> None:
         """Free every cache ``request`` holds on this stage (a no-op for an unknown request)."""
         self._finite.pop(request, None)
+        self._cp.pop(request, None)
         for cache in self._caches():
             cache.release(request)
 
@@ -167,6 +220,9 @@ class Stage(nn.Module):
         takes the same dict into fresh stages of the same layers and TP rank; :meth:`cache_slices`
         says which slice of the full tensors this rank holds, for a hand-over to another layout.
         ``copy=False`` gives views of the caches instead (valid until the request grows or is freed)."""
+        if self.cp_group.size > 1:
+            raise ValueError(f"stage {self.layer_range}: request {request!r}'s caches are sharded over "
+                             f"{self.cp_group.size} CP ranks; exporting them is not supported yet")
         out = {}
         for i, layer in zip(range(*self.layer_range), self.model.layers.values()):
             for part, tensor in layer.self_attn.cache.get(request).items():

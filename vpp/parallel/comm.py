@@ -119,6 +119,12 @@ def _post_pairs(sends, recvs, group: Group) -> list:
     return works
 
 
+def post_exchange(sends, recvs, group: Group) -> list:
+    """Post ``recvs`` and ``sends`` ((tensor, peer index) pairs) without waiting; returns the works to
+    ``wait()`` (a ring step that overlaps its transfer with compute: context parallelism's pass-KV)."""
+    return _post_pairs(list(sends), list(recvs), group)
+
+
 def _all_to_all_p2p(x, out, group: Group, input_splits, output_splits) -> torch.Tensor:
     sends = list(torch.split(x.contiguous(), list(input_splits)))
     recvs = list(torch.split(out, list(output_splits)))
@@ -176,5 +182,5 @@ def _check_peer(peer: int, group: Group) -> None:
 
 __all__ = [
     "copy_to_tp", "reduce_from_tp", "gather_from_tp", "scatter_to_tp", "all_to_all", "exchange_counts",
-    "isend", "irecv", "exchange", "fuses_p2p",
+    "isend", "irecv", "exchange", "fuses_p2p", "post_exchange",
 ]

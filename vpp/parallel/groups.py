@@ -63,6 +63,13 @@ class ParallelGroups:
     # them: the start-up exchange and barriers run on it. None: torch.distributed's whole world. A
     # world split into a prefill and a decode instance (:mod:`vpp.parallel.instances`) sets it.
     instance: Group | None = None
+    # The context-parallel group: the ranks (equal tp/dp/pp coordinates) that split each chunk's
+    # tokens (vpp.transformer.attention.context_parallel). None: a group of this rank alone.
+    cp: Group | None = None
+
+    def __post_init__(self) -> None:
+        if self.cp is None:
+            object.__setattr__(self, "cp", Group.single(self.global_rank))
 
     @property
     def members(self) -> tuple[int, ...]:
@@ -142,29 +149,33 @@ def initialize_model_parallel(
     pipeline_model_parallel_size: int = 1,
     expert_model_parallel_size: int = 1,
     *,
+    context_parallel_size: int = 1,
     accelerator: Accelerator | None = None,
     local_rank: int | None = None,
 ) -> ParallelGroups:
     """Megatron-style entry point. ``torch.distributed`` must already be initialised (see
-    :func:`vpp.parallel.rendezvous.init_distributed`). Any world size that is a multiple of tp x pp
-    gives ``dp = world // (tp * pp)`` data-parallel replicas of the pipeline.
+    :func:`vpp.parallel.rendezvous.init_distributed`). Any world size that is a multiple of
+    tp x cp x pp gives ``dp = world // (tp * cp * pp)`` data-parallel replicas of the pipeline;
+    ``context_parallel_size`` ranks (each a TP group) split every chunk's tokens.
 
     The device follows the default process group's backend (gloo: CPU, NCCL: CUDA, HCCL: NPU), so
     stages are never placed on a device the process group cannot move; an ``accelerator`` that
     disagrees with the backend is an error. The card is ``local_rank``'s, else the current device
     (set by :func:`~vpp.parallel.rendezvous.init_distributed`)."""
-    tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+    tp, pp, cp = tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size
     for name, value in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
-                        ("expert_model_parallel_size", expert_model_parallel_size)):
+                        ("expert_model_parallel_size", expert_model_parallel_size),
+                        ("context_parallel_size", cp)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ValueError(f"{name}={value!r} must be an integer >= 1")
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised; call vpp.parallel.init_distributed() first")
     world, rank = dist.get_world_size(), dist.get_rank()
-    tp, pp = int(tp), int(pp)
-    if world % (tp * pp):
-        raise ValueError(f"tp={tp} * pp={pp} = {tp * pp} does not divide world_size={world}")
-    sizes = GridSizes(world, tp=tp, pp=pp, ep=int(expert_model_parallel_size), dp=world // (tp * pp))
+    tp, pp, cp = int(tp), int(pp), int(cp)
+    if world % (tp * cp * pp):
+        factors = f"tp={tp} * cp={cp} * pp={pp}" if cp > 1 else f"tp={tp} * pp={pp}"
+        raise ValueError(f"{factors} = {tp * cp * pp} does not divide world_size={world}")
+    sizes = GridSizes(world, tp=tp, pp=pp, ep=int(expert_model_parallel_size), dp=world // (tp * cp * pp), cp=cp)
     backend = str(dist.get_backend()).lower()
     acc = accelerator or accelerator_for_backend(backend)
     if acc.backend != backend:

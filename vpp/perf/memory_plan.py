@@ -57,12 +57,23 @@ class RankMemoryPlan:
 
 def plan_memory(arch: Arch, rank_layers: list[list[int]], *, tp: int, dtype_bytes: int, tokens: int, chunk: int,
                 first_rank: int = 0, last_rank: int | None = None, weights: list[int] | None = None,
-                workspace_bytes: int = CPU_WORKSPACE, runtime: int = 0, ep: int | None = None) -> list[RankMemoryPlan]:
+                workspace_bytes: int = CPU_WORKSPACE, runtime: int = 0, ep: int | None = None,
+                cp: int = 1) -> list[RankMemoryPlan]:
     """One :class:`RankMemoryPlan` per pipeline rank (``rank_layers[r]``: the global layers its stages
-    hold). ``tokens``: the longest request's prompt plus new tokens; ``chunk``: the largest chunk."""
+    hold). ``tokens``: the longest request's prompt plus new tokens; ``chunk``: the largest chunk.
+
+    ``cp``: context-parallel ranks per stage (each planned here, they are alike): a rank caches its
+    own share of the tokens only, ``ceil(tokens / cp) + 2 cp`` rows (what ``Stage.reserve`` reserves),
+    computes its share of each chunk (two pieces of ``ceil(chunk / 2cp)``), and holds transiently one
+    layer's K/V of every rank (the all-gather method; a ring holds two blocks)."""
     par = Parallel(tp=tp, ep=ep, act_bytes=dtype_bytes, weight_bytes=dtype_bytes, kv_bytes=dtype_bytes, pp_tensors=1)
     per_token = kv_bytes_per_token_layer(arch, par)
     chunk = min(chunk, tokens)
+    if cp < 1:
+        raise ValueError(f"cp={cp} must be >= 1")
+    share = tokens if cp == 1 else -(-tokens // cp) + 2 * cp
+    gathered = 0 if cp == 1 else per_token * tokens
+    chunk = chunk if cp == 1 else 2 * -(-chunk // (2 * cp))
     out = []
     for r, layers in enumerate(rank_layers):
         if weights is not None:
@@ -71,8 +82,9 @@ def plan_memory(arch: Arch, rank_layers: list[list[int]], *, tp: int, dtype_byte
             vocab = arch.vocab / tp * arch.hidden * dtype_bytes
             w = int(sum(layer_weight_bytes(arch, i, par) for i in layers) + vocab * (r == first_rank)
                     + vocab * (r == (last_rank if last_rank is not None else len(rank_layers) - 1)))
-        kv = int(per_token * len(layers) * tokens)
+        kv = int(per_token * len(layers) * share)
         act = workspace_bytes + working_set(arch, par, chunk, 0) + IN_FLIGHT * chunk * arch.hidden * dtype_bytes
+        act += gathered
         act += 8 * tokens if r == first_rank else 0
         out.append(RankMemoryPlan(r, w, kv, int(act), runtime))
     return out

@@ -18,6 +18,9 @@ class Chunk:
     ``cos``/``sin`` are the rotary tables of those positions ([len, rope_dim]), computed once per
     stage call. ``topk`` carries a DSA layer's top-k selection ([len, k] key positions, -1 where a
     query has fewer than k keys) to the following layers that share it (GLM-5's shared indexers).
+    Under context parallelism the tokens are this rank's share (``cp``, see
+    :mod:`.context_parallel`): ``cos``/``sin`` are their global positions' tables and ``topk`` holds
+    global key positions.
     """
 
     request: Hashable
@@ -25,6 +28,7 @@ class Chunk:
     cos: torch.Tensor
     sin: torch.Tensor
     topk: torch.Tensor | None = None
+    cp: object | None = None  # context parallelism: a CPChunk (prefill) or CPStep (decode row), else None
 
     @property
     def size(self) -> int:

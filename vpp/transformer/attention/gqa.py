@@ -8,7 +8,8 @@ from torch import nn
 
 from vpp.transformer.attention.cache import RequestCache
 from vpp.transformer.attention.chunk import Batch, Chunk
-from vpp.transformer.attention.kernel import causal_attention
+from vpp.transformer.attention.context_parallel import CPStep, cp_attention, decode_merge, empty_partial
+from vpp.transformer.attention.kernel import attention_lse, causal_attention
 from vpp.transformer.attention.rope import apply_rope
 from vpp.transformer.basic import RMSNorm
 from vpp.parallel.groups import Group
@@ -58,6 +59,7 @@ class GQAttention(nn.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_key_value_heads={num_kv_heads} does not divide num_attention_heads={num_heads}")
         self.head_dim, self.scale = head_dim, head_dim ** -0.5
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.local_heads = num_heads // group.size
         kw = dict(dtype=dtype, device=device)
         self.q_proj = ColumnParallelLinear(hidden_size, num_heads * head_dim, group, bias=bias, **kw)
@@ -73,10 +75,10 @@ class GQAttention(nn.Module):
                                   shapes={"k": shape, "v": shape})
 
     def forward(self, x: torch.Tensor, chunk: Chunk | Batch) -> torch.Tensor:
-        d = self.head_dim
-        q = rearrange(self.q_proj(x), "c (h d) -> c h d", d=d)
-        k = rearrange(self.k_proj(x), "c (h d) -> c h d", d=d)
-        v = rearrange(self.v_proj(x), "c (h d) -> c h d", d=d)
+        d = self.head_dim  # explicit heads: c may be 0 under CP
+        q = rearrange(self.q_proj(x), "c (h d) -> c h d", h=self.local_heads, d=d)
+        k = rearrange(self.k_proj(x), "c (h d) -> c h d", h=self.k_proj.local_heads, d=d)
+        v = rearrange(self.v_proj(x), "c (h d) -> c h d", h=self.v_proj.local_heads, d=d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, chunk.cos, chunk.sin), apply_rope(k, chunk.cos, chunk.sin)
@@ -88,10 +90,29 @@ class GQAttention(nn.Module):
 
     def _attend(self, q, k, v, chunk: Chunk) -> torch.Tensor:
         """Append one request's new K/V and attend its queries over its cache. Returns [c, heads, d]."""
-        kv = self.cache.append(chunk.request, chunk.offset, k=rearrange(k, "c h d -> h c d"),
-                               v=rearrange(v, "c h d -> h c d"))
-        out = causal_attention(rearrange(q, "c h d -> h c d"), kv["k"], kv["v"], self.scale)
-        return rearrange(out, "h c d -> c h d")
+        if chunk.cp is not None:
+            return self._attend_cp(q, k, v, chunk)
+        kv = self.cache.append(chunk.request, chunk.offset, k=k.transpose(0, 1), v=v.transpose(0, 1))
+        return causal_attention(q.transpose(0, 1), kv["k"], kv["v"], self.scale).transpose(0, 1)
+
+    def kv_per_q(self) -> float:
+        """K/V bytes of a token over its query's bytes (Meta's CP rule: 2 kv_heads / q_heads)."""
+        return 2 * self.num_kv_heads / self.num_heads
+
+    def _attend_cp(self, q, k, v, chunk: Chunk) -> torch.Tensor:
+        """Context parallelism: this rank's cache keeps its own tokens' K/V; attention over every
+        rank's (:mod:`.context_parallel`). Returns [c, heads, d]."""
+        cp, request = chunk.cp, chunk.request
+        attend = lambda qs, rows, causal: attention_lse(qs, rows["k"], rows["v"], self.scale, causal=causal)  # noqa: E731
+        if isinstance(cp, CPStep):  # a decode row: the owner keeps the new K/V; partials merge
+            if cp.group.rank == cp.owner:
+                self.cache.append(request, self.cache.length(request), k=k.transpose(0, 1), v=v.transpose(0, 1))
+            kv = self.cache.get(request)
+            qh = q.transpose(0, 1)
+            part = attend(qh, kv, False) if kv else empty_partial(qh.shape[0], 1, self.head_dim, qh)
+            return decode_merge(part, cp).to(q.dtype).transpose(0, 1)
+        kv = self.cache.append(request, self.cache.length(request), k=k.transpose(0, 1), v=v.transpose(0, 1))
+        return cp_attention(attend, q.transpose(0, 1), kv, self.cache.layouts, cp, self.head_dim).transpose(0, 1)
 
 
 __all__ = ["GQAttention", "KVHeadLinear", "kv_head_shard"]

@@ -28,6 +28,8 @@ from einops import rearrange
 from torch import nn
 
 from vpp.transformer.attention.cache import RequestCache
+from vpp.transformer.attention.context_parallel import CPStep, cp_attention, decode_merge, empty_partial
+from vpp.transformer.attention.cp_sparse import cp_select, cp_sparse_attention, sparse_partial
 from vpp.transformer.attention.chunk import Batch, Chunk
 from vpp.transformer.attention.dsa import DSASpec, Indexer, sparse_latent_attention
 from vpp.transformer.attention.kernel import attention_lse, causal_attention, merge_partials
@@ -117,6 +119,8 @@ class MLAttention(nn.Module, UsesWorkspace):
     def _attend(self, x, q_resid, q_nope, q_rope, parts, chunk: Chunk) -> torch.Tensor:
         """Append one request's new latent (and indexer keys) and attend its queries over its cache,
         densely or, past ``index_topk`` keys under DSA, over each query's top-k. Returns [c, heads, v]."""
+        if chunk.cp is not None:
+            return self._attend_cp(x, q_resid, q_nope, q_rope, parts, chunk)
         cached = self.cache.append(chunk.request, chunk.offset, **parts)
         total = chunk.offset + x.shape[0]
         if self.dsa is None or total <= self.dsa.index_topk:  # every causal key is selected: dense
@@ -215,6 +219,46 @@ class MLAttention(nn.Module, UsesWorkspace):
         q, w_uv = self._absorb(q_nope, q_rope)
         out = sparse_latent_attention(q, latent, topk, s.kv_lora_rank, s.softmax_scale,
                                       budget=self.workspace_budget(q.device))  # [c, heads, r]
+        return (out.transpose(0, 1) @ w_uv.transpose(1, 2)).transpose(0, 1)
+
+    def kv_per_q(self) -> float:
+        """Bytes of a token's travelling keys (the latent) over its query's (every head): Meta's CP
+        rule with the compressed latent in place of K/V heads."""
+        s = self.spec
+        return (s.kv_lora_rank + s.qk_rope_head_dim) / (s.num_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim))
+
+    def _attend_cp(self, x, q_resid, q_nope, q_rope, parts, chunk: Chunk) -> torch.Tensor:
+        """Context parallelism (:mod:`.context_parallel`): this rank caches its own tokens' latent; the
+        latent (not expanded heads) is what travels; DSA selects over every rank's indexer keys and
+        reads the selected latents where they live (:mod:`.cp_sparse`). Returns [c, heads, v]."""
+        s, cp, request = self.spec, chunk.cp, chunk.request
+        decode = isinstance(cp, CPStep)
+        if not decode or cp.group.rank == cp.owner:
+            self.cache.append(request, self.cache.length(request), **parts)
+        cached = self.cache.get(request)
+        total = sum(len(p) for p in cp.positions)
+        if self.dsa is None or total <= self.dsa.index_topk:
+            q = torch.cat((q_nope, q_rope), dim=-1).transpose(0, 1)
+            expand = lambda rows: dict(zip("kv", self._expand(rows["latent"])))  # noqa: E731
+            attend = lambda qs, kv, causal: attention_lse(qs, kv["k"], kv["v"], s.softmax_scale, causal=causal)  # noqa: E731
+            if not decode:
+                kv = {"latent": cached["latent"]}
+                return cp_attention(attend, q, kv, {"latent": 0}, cp, s.v_head_dim, expand).transpose(0, 1)
+            part = attend(q, expand(cached), False) if cached else empty_partial(q.shape[0], 1, s.v_head_dim, q)
+            return decode_merge(part, cp).to(q.dtype).transpose(0, 1)
+        if self.indexer is not None:
+            index_k = cached["index_k"] if cached else parts["index_k"][:0]
+            chunk.topk = cp_select(self.indexer, x, q_resid, index_k, cp, chunk.cos, chunk.sin)
+        elif chunk.topk is None:
+            raise RuntimeError("a shared-indexer DSA layer ran before any full-indexer layer of its chunk")
+        q, w_uv = self._absorb(q_nope, q_rope)
+        latent = cached["latent"] if cached else parts["latent"][:0]
+        if decode:
+            part = sparse_partial(q, chunk.topk, latent, cp.positions[cp.group.rank], total, s.kv_lora_rank,
+                                  s.softmax_scale)
+            out = decode_merge(part, cp).to(q.dtype).transpose(0, 1)
+        else:
+            out = cp_sparse_attention(q, chunk.topk, latent, cp, s.kv_lora_rank, s.softmax_scale)
         return (out.transpose(0, 1) @ w_uv.transpose(1, 2)).transpose(0, 1)
 
 

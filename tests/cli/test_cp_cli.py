@@ -1,0 +1,61 @@
+"""``vpp prefill --cp N`` and ``vpp generate --cp N``: impossible combinations refused in one line before
+any rank starts; a CP2 prefill matches the unsplit forward and keeps half the tokens per rank; greedy
+tokens after a CP2 prefill equal those of one rank."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from vpp import cli
+
+
+def _one_line(capsys, argv, pattern):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"vpp {argv[0]}: error: "), err
+    assert re.search(pattern, err[0]), err[0]
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["prefill", "--cp", "2", "--pp", "2"], r"--cp 2 with --pp 2: .*one pipeline stage"),
+    (["prefill", "--cp", "4", "--seq-len", "6"], r"2 \* cp = 8 pieces, more than the 6 tokens"),
+    (["prefill", "--cp", "4", "--seq-len", "64", "--cached-prefix", "60"], r"more than the 4 tokens"),
+    (["prefill", "--cp", "2", "--chunk-size", "3", "--seq-len", "64"], r"--chunk-size 3 is smaller than 2 \* cp = 4"),
+    (["prefill", "--cp", "2", "--folds", "2"], r"--folds cannot be combined with --cp 2"),
+    (["generate", "--cp", "2", "--decode-tp", "1"], r"--decode-tp cannot be combined with --cp 2"),
+    (["generate", "--cp", "3", "--seq-len", "5"], r"2 \* cp = 6 pieces, more than the 5 tokens"),
+])
+def test_impossible_cp_combinations_are_one_line_errors(capsys, argv, pattern):
+    _one_line(capsys, argv + ["--model", "tiny-qwen"], pattern)
+
+
+def test_the_toy_model_has_no_attention_to_split(capsys):
+    _one_line(capsys, ["prefill", "--model", "toy", "--cp", "2"], r"the toy model has no attention to split")
+
+
+@pytest.mark.slow
+def test_prefill_cp2_checks_against_the_unsplit_forward_and_shards_the_cache(capsys):
+    argv = ["prefill", "--model", "tiny-deepseek", "--cp", "2", "--seq-len", "160", "--chunk-size", "32",
+            "--repeat", "1", "--no-warmup", "--check", "--json", "--device", "cpu"]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["max_abs_diff"] <= 1e-3
+    assert sorted(r["kv_rows"] for r in out["ranks"]) == [80, 80]  # 160 tokens, half on each rank
+    # the plan reserves ceil(160 / 2) + 2 cp = 84 rows per rank, and that is what each rank allocated
+    assert all(r["kv_cache_bytes"] == out["memory_plan"]["kv_cache"] for r in out["ranks"])
+    # tiny-deepseek: latent / queries = 160 / (8 x 96) = 0.21; the last chunk's 32 / 160 = 0.2 is below
+    assert out["methods"] == ["pass-kv"] * 4 + ["pass-q"]
+
+
+@pytest.mark.slow
+def test_generate_cp2_greedy_equals_one_rank(capsys):
+    base = ["generate", "--model", "tiny-glm", "--seq-len", "300", "--chunk-size", "128", "--max-new-tokens", "4",
+            "--json"]
+    assert cli.main(base + ["--cp", "2"]) == 0
+    cp = json.loads(capsys.readouterr().out)
+    assert cli.main(base + ["--pp", "1", "--schedule", "cpp"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert cp["generated_ids"] == one["generated_ids"] and cp["cp"] == 2
