@@ -34,6 +34,8 @@ import torch.distributed as dist
 from vpp.parallel.comm import irecv, isend
 from vpp.parallel.groups import Group, ParallelGroups
 
+from .watchdog import abort_groups
+
 STREAM_ORDERED_BACKENDS = ("nccl", "hccl")
 
 # How many computes the host may have queued beyond the oldest one the device has not finished. Two:
@@ -53,9 +55,11 @@ def orders_on_device(groups: ParallelGroups) -> bool:
 class StreamOps:
     """The device primitives on CUDA / NPU with NCCL / HCCL (see the module docstring)."""
 
-    def __init__(self, module, *, max_pause_s: float = 1e-3):
+    def __init__(self, module, *, max_pause_s: float = 1e-3, device: torch.device | None = None,
+                 groups: ParallelGroups | None = None):
         self.module = module  # torch.cuda or torch.npu
         self.max_pause_s = max_pause_s
+        self.device, self.groups = device, groups
         self.host_transfer_waits = self.host_compute_waits = self.end_waits = 0
 
     def isend(self, x: torch.Tensor, peer: int, group: Group):
@@ -86,6 +90,17 @@ class StreamOps:
             time.sleep(pause)
             pause = min(pause * 2, self.max_pause_s)
 
+    def select_device(self) -> None:
+        """Make the rank's device current on the calling thread (the watchdog thread's first act)."""
+        if self.device is not None:
+            self.module.set_device(self.device)
+
+    def abort(self) -> None:
+        """After a fault: abort every communicator of the rank's groups (see :func:`.watchdog.abort_groups`)."""
+        if self.groups is not None:
+            g = self.groups
+            abort_groups([x.pg for x in (g.pp, g.pp_up, g.tp, g.dp, g.ep, g.etp) if x is not None])
+
     def warm(self, groups: ParallelGroups, peers: Iterable[int]) -> None:
         warm_pair_communicators(groups, peers, self)
 
@@ -94,7 +109,7 @@ def stream_ops_for(groups: ParallelGroups) -> StreamOps | None:
     """:class:`StreamOps` for a pipeline on NCCL/HCCL, None for gloo (the host-waiting path)."""
     if not orders_on_device(groups):
         return None
-    return StreamOps(groups.accelerator.module())
+    return StreamOps(groups.accelerator.module(), device=groups.device, groups=groups)
 
 
 def neighbours(layout, rank: int) -> set[int]:

@@ -23,7 +23,14 @@ The rules (those of CUDA streams and ProcessGroupNCCL):
   operation cannot start before the host time at which it was enqueued. Host work itself is free.
 
 ``Work.is_completed()`` and ``Event.query()`` answer against the asking rank's host clock (the op has
-ended in virtual time at or before it).
+ended in virtual time at or before it), and only from a thread that selected the rank's device
+(:meth:`EmulatedDevice.select_device`; CUDA would create a context on device 0, an NPU query fails).
+
+Timeouts and teardown (ProcessGroupNCCL's watchdog): a transfer still unmatched ``pg_timeout_s`` of
+wall time after it was posted (its clock starts at enqueue, as NCCL's does) completes with an error
+(``Work.exception()``, ``is_completed()`` true), as a failed NCCL work does; :meth:`EmulatedDevice.abort`
+(a rank's ``ProcessGroup.abort()``) fails that rank's unfinished transfers at once. ``store``: an
+in-memory key-value store shared by the ranks (the failure notices of :mod:`vpp.runtime.watchdog`).
 
 Counters (per rank): ``host_transfer_waits`` -- the host blocked on a transfer (communicator set-up, or
 a host-side wait for a Work); ``host_compute_waits`` -- the run-ahead bound; ``end_waits``. Measures of
@@ -56,6 +63,8 @@ class _Op:
     stage: int | None = None  # of a compute
     start: float | None = None
     end: float | None = None
+    posted_wall: float = 0.0  # time.monotonic() at enqueue: the process group's own timeout counts from it
+    error: BaseException | None = None  # a transfer that failed (timed out, or its communicator aborted)
 
 
 class _Work:
@@ -65,11 +74,16 @@ class _Work:
         self.device, self.op = device, op
 
     def wait(self) -> bool:
+        if self.op.error is not None:
+            raise self.op.error
         self.device.order_after(self.op.rank, self.op)
         return True
 
     def is_completed(self) -> bool:
         return self.device.is_done(self.op.rank, self.op)
+
+    def exception(self):
+        return self.op.error
 
 
 class _Event:
@@ -87,11 +101,40 @@ class RankCounters:
     end_waits: int = 0
 
 
+class MemoryStore:
+    """The parts of a ``torch.distributed.Store`` the watchdog uses, in memory, for threads."""
+
+    def __init__(self):
+        self.data, self.lock = {}, threading.Lock()
+
+    def set(self, key, value):
+        with self.lock:
+            self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        with self.lock:
+            return self.data[key]
+
+    def check(self, keys):
+        with self.lock:
+            return all(k in self.data for k in keys)
+
+    def compare_set(self, key, expected, value):
+        with self.lock:
+            if self.data.get(key, b"").decode() == expected:
+                self.data[key] = value.encode()
+            return self.data[key]
+
+
 class EmulatedDevice:
     """The shared timeline of ``num_ranks`` emulated ranks (see the module docstring)."""
 
-    def __init__(self, num_ranks: int, cost, *, timeout_s: float = 60.0):
+    def __init__(self, num_ranks: int, cost, *, timeout_s: float = 60.0, pg_timeout_s: float | None = None):
         self.n, self.cost, self.timeout_s = num_ranks, cost, timeout_s
+        self.pg_timeout_s = pg_timeout_s if pg_timeout_s is not None else timeout_s
+        self.store = MemoryStore()
+        self.selected = threading.local()  # the calling thread's current device (a rank), see select_device
+        self.aborted: set[int] = set()
         self.cond = threading.Condition()
         self.host = [0.0] * num_ranks
         self.tail: dict = {}  # stream -> its last op
@@ -145,6 +188,7 @@ class EmulatedDevice:
             if comm not in self.warmed:
                 self._set_up(rank, comm)
             op = self._enqueue(rank, ("comm", rank, comm), kind, label, [self.tail.get(("compute", rank))])
+            op.posted_wall = time.monotonic()
             ends = self.posted.setdefault((channel, src, dst), {"send": [], "recv": []})
             ends[kind].append(op)
             self.tensors[op] = tensor
@@ -230,9 +274,37 @@ class EmulatedDevice:
 
     # --- the host -----------------------------------------------------------------------------------
 
-    def is_done(self, rank: int, op: _Op) -> bool:
+    def select_device(self, rank: int, *, host: bool = False) -> None:
+        """``torch.cuda.set_device`` on the calling thread: its queries are now on ``rank``'s device.
+        ``host``: the thread is the rank's host thread, whose answers follow its virtual clock; another
+        thread (the watchdog) sees an op done once it has ended at all (the device runs on while the
+        host sleeps in real time, e.g. until a request arrives)."""
+        self.selected.rank, self.selected.host = rank, host
+
+    def abort(self, rank: int) -> None:
+        """``ProcessGroup.abort()`` on ``rank``: its unfinished transfers fail at once (kernels stop)."""
         with self.cond:
-            return op.end is not None and op.end <= self.host[rank]
+            self.aborted.add(rank)
+            for op in self.unresolved:
+                if op.rank == rank and op.kind in ("send", "recv") and op.error is None:
+                    op.error = RuntimeError(f"rank {rank}'s communicator was aborted")
+            self.cond.notify_all()
+
+    def is_done(self, rank: int, op: _Op) -> bool:
+        if getattr(self.selected, "rank", None) != rank:
+            raise EmulationError(f"a thread queried rank {rank}'s work on device "
+                                 f"{getattr(self.selected, 'rank', 0)}: set the device first (CUDA makes a "
+                                 f"context there, an NPU query fails)")
+        with self.cond:
+            if op.error is not None:
+                return True
+            if op.kind in ("send", "recv") and op.end is None and \
+                    time.monotonic() - op.posted_wall > self.pg_timeout_s:
+                op.error = RuntimeError(f"Watchdog caught collective operation timeout: {op.label} ran for "
+                                        f"{1000 * (time.monotonic() - op.posted_wall):.0f} ms, over the process "
+                                        f"group's {self.pg_timeout_s:g} s")
+                return True
+            return op.end is not None and (op.end <= self.host[rank] or not getattr(self.selected, "host", False))
 
     def host_wait(self, rank: int, op: _Op, check, counter: str) -> None:
         """The host of ``rank`` blocks until ``op`` has ended (its clock moves to the end)."""
@@ -294,4 +366,4 @@ class EmulatedDevice:
         return covered / total if total > 0 else 1.0
 
 
-__all__ = ["EmulatedDevice", "EmulationError", "RankCounters"]
+__all__ = ["EmulatedDevice", "EmulationError", "MemoryStore", "RankCounters"]

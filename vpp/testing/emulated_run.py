@@ -27,6 +27,13 @@ class EmulatedOps:
 
     def __init__(self, device: EmulatedDevice, rank: int, groups: ParallelGroups):
         self.device, self.rank, self.groups = device, rank, groups
+        self.store = device.store  # the ranks' shared key-value store (failure notices)
+
+    def select_device(self, *, host: bool = False) -> None:
+        self.device.select_device(self.rank, host=host)
+
+    def abort(self) -> None:
+        self.device.abort(self.rank)
 
     def _channel(self, group: Group) -> str:
         return "up" if group is self.groups.pp_up and group is not self.groups.pp else "down"
@@ -112,7 +119,7 @@ class EmulatedRun:
                  host_waits: bool = False, timeout_s: float = 60.0):
         n, layout = plan.num_ranks, plan.layout
         self.plan, self.warm, self.timeout_s = plan, warm, timeout_s
-        self.device = EmulatedDevice(n, cost, timeout_s=3 * timeout_s + 5)
+        self.device = EmulatedDevice(n, cost, timeout_s=3 * timeout_s + 5, pg_timeout_s=timeout_s)
         self.groups = [_groups(n, r) for r in range(n)]
         self.stages, self.infos = [], []
         for r in range(n):
@@ -134,6 +141,7 @@ class EmulatedRun:
 
         def rank_main(r: int) -> None:
             try:
+                self.ops[r].select_device(host=True)  # as init_distributed does on the rank's thread
                 if self.warm:
                     warm_pair_communicators(self.groups[r], _peers(plan, r), self.ops[r])
                 if barrier.wait() == 0:
