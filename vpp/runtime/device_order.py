@@ -31,10 +31,10 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from vpp.parallel.comm import irecv, isend
+from vpp.parallel.comm import first_call, irecv, isend
 from vpp.parallel.groups import Group, ParallelGroups
 
-from .watchdog import abort_groups
+from .watchdog import abort_groups, rendezvous
 
 STREAM_ORDERED_BACKENDS = ("nccl", "hccl")
 
@@ -135,7 +135,33 @@ def warm_pair_communicators(groups: ParallelGroups, peers: Iterable[int], ops) -
             ops.order_after(work)
 
 
+def warm_communicators(groups: ParallelGroups, peers: Iterable[int], ops, *, timeout_s: float) -> list[str]:
+    """Set up every communicator this rank's calls use before the first timed one (NCCL/HCCL create
+    them lazily, in the first call, blocking the host): a one-element all-reduce on each of its TP, EP,
+    expert-TP, DP and pipeline groups (the pipeline group's collective carries the logits broadcast),
+    then the pair communicators (:func:`warm_pair_communicators`). Each set-up is preceded by a bounded
+    meeting of the group's members in the store (:func:`.watchdog.rendezvous`): a member that never
+    comes raises, naming it, within ``timeout_s``, instead of leaving this rank inside a set-up that
+    nothing can interrupt. Every rank warms its groups in the same axis order, so the set-ups of
+    different groups never wait for each other in a cycle. Returns the groups warmed, by axis."""
+    warmed, seen = [], set()
+    for axis in ("tp", "ep", "etp", "dp", "pp", "pp_up"):
+        group = getattr(groups, axis)
+        if group is None or group.pg is None or id(group.pg) in seen:
+            continue
+        seen.add(id(group.pg))
+        rendezvous(f"the {axis} communicator's set-up", groups.global_rank, group.ranks, timeout_s=timeout_s)
+        first_call(group, groups.device)
+        warmed.append(axis)
+    peers = sorted(set(peers) - {groups.pp.rank})
+    if peers:
+        rendezvous("the pipeline pairs' set-up", groups.global_rank, groups.pp.ranks, timeout_s=timeout_s)
+        warm_pair_communicators(groups, peers, ops)
+        warmed.append("pairs")
+    return warmed
+
+
 __all__ = [
     "RUN_AHEAD_COMPUTES", "STREAM_ORDERED_BACKENDS", "StreamOps", "neighbours", "orders_on_device",
-    "stream_ops_for", "warm_pair_communicators",
+    "stream_ops_for", "warm_communicators", "warm_pair_communicators",
 ]

@@ -397,7 +397,7 @@ def abort_groups(pgs) -> list[str]:
     return done
 
 
-_ROUNDS: dict[tuple[int, ...], itertools.count] = {}  # per set of members: they all make the same sequence of calls
+_ROUNDS: dict[tuple, itertools.count] = {}  # per (members, caller): they all make the same sequence of calls
 
 
 def rendezvous(what: str, me: int, world, *, timeout_s: float, poll_s: float = 0.01) -> None:
@@ -406,7 +406,7 @@ def rendezvous(what: str, me: int, world, *, timeout_s: float, poll_s: float = 0
     for at most ``timeout_s``; then raise :class:`ExecutionError` naming the global ranks that did not
     come (``global_rank`` = the first of them). A no-op without a process group or its store."""
     members = tuple(range(world)) if isinstance(world, int) else tuple(world)
-    n = next(_ROUNDS.setdefault(members, itertools.count()))
+    n = next(_ROUNDS.setdefault((members, me), itertools.count()))  # me: ranks as threads of one process count apart
     store = default_store()
     if store is None or len(members) <= 1:
         return
