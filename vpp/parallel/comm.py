@@ -206,6 +206,19 @@ def _current_device(group: Group) -> torch.device:
     return torch.device(kind, module.current_device()) if module is not None else torch.device("cpu")
 
 
+def batch_p2p(items: Sequence[tuple[str, torch.Tensor, int]], group: Group) -> list:
+    """Post ``items`` (("send" | "recv", tensor, peer)) as one ``batch_isend_irecv`` on ``group``
+    (its transfers run together on the group's stream); returns one work per item (NCCL returns one
+    work for a coalesced batch: every item then gets it)."""
+    for _, _, peer in items:
+        _check_peer(peer, group)
+    first_call(group, items[0][1].device)
+    ops = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, t.contiguous() if kind == "send" else t,
+                      group.global_rank(peer), group.pg) for kind, t, peer in items]
+    works = list(dist.batch_isend_irecv(ops))
+    return works if len(works) == len(items) else [works[0]] * len(items)
+
+
 def _check_peer(peer: int, group: Group) -> None:
     if not 0 <= peer < group.size:
         raise ValueError(f"peer {peer} outside a group of {group.size}")
@@ -215,5 +228,5 @@ def _check_peer(peer: int, group: Group) -> None:
 
 __all__ = [
     "copy_to_tp", "reduce_from_tp", "gather_from_tp", "scatter_to_tp", "all_to_all", "exchange_counts",
-    "isend", "irecv", "exchange", "first_call", "fuses_p2p", "native_all_to_all",
+    "isend", "irecv", "exchange", "batch_p2p", "first_call", "fuses_p2p", "native_all_to_all",
 ]

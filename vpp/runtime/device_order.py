@@ -25,18 +25,26 @@ run's sends), ``host_compute_waits`` (run-ahead bound), ``end_waits``. An emulat
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 
-from vpp.parallel.comm import first_call, irecv, isend
+from vpp.parallel.comm import batch_p2p, first_call, irecv, isend
 from vpp.parallel.groups import Group, ParallelGroups
 
 from .watchdog import abort_groups, rendezvous
 
 STREAM_ORDERED_BACKENDS = ("nccl", "hccl")
+log = logging.getLogger(__name__)
+
+# What one stream per process group costs, from the emulated device (``python -m
+# benchmarks.device_emulation``, VPP-Async, PP 4, 16 chunks, transfer = first chunk's compute), each
+# against one stream per pair: said once when a run meets that setup (see :func:`one_stream_per_group`).
+ONE_STREAM_COST = ("emulated VPP-Async at PP 4: makespan +0.9% with a step's transfers posted one by one, "
+                   "+0.0% batched")
 
 # How many computes the host may have queued beyond the oldest one the device has not finished. Two:
 # one running and one queued keep the device busy whatever the host's jitter; each compute ahead holds
@@ -67,6 +75,12 @@ class StreamOps:
 
     def irecv(self, buf: torch.Tensor, peer: int, group: Group):
         return irecv(buf, peer, group)
+
+    fuses = False  # post a step's transfers as one batch (a group with one stream, see stream_ops_for)
+
+    def batch(self, items, group: Group) -> list:
+        """``items`` ((kind, tensor, peer)) as one ``batch_isend_irecv`` on ``group``: one work each."""
+        return batch_p2p(items, group)
 
     def order_after(self, work) -> None:
         work.wait()  # NCCL/HCCL: the current stream waits for the work's end event; the host does not
@@ -105,11 +119,44 @@ class StreamOps:
         warm_pair_communicators(groups, peers, self)
 
 
+def one_stream_per_group(pg) -> str | None:
+    """Why ``pg`` runs all its point-to-point transfers on one communicator and stream (None when it
+    keeps one per pair, NCCL's lazy default): HCCL always; NCCL when the default group was initialised
+    eagerly (``init_process_group(device_id=...)``: its groups' p2p use the group's communicator)."""
+    if pg is None or not dist.is_initialized():
+        return None
+    backend = str(dist.get_backend(pg)).lower()
+    if backend == "hccl":
+        return "HCCL runs a process group's point-to-point transfers on its one stream"
+    if backend == "nccl":
+        try:
+            bound = dist.distributed_c10d._get_default_group().bound_device_id
+        except Exception:  # private API: assume the lazy default
+            bound = None
+        if bound is not None:
+            return (f"NCCL was initialised eagerly (device_id={bound}): a process group's point-to-point "
+                    f"transfers share its one communicator and stream")
+    return None
+
+
+_SAID: set[str] = set()
+
+
 def stream_ops_for(groups: ParallelGroups) -> StreamOps | None:
-    """:class:`StreamOps` for a pipeline on NCCL/HCCL, None for gloo (the host-waiting path)."""
+    """:class:`StreamOps` for a pipeline on NCCL/HCCL, None for gloo (the host-waiting path). Where a
+    group has one stream (:func:`one_stream_per_group`) the ops fuse each step's transfers into one
+    batch (``fuses``), and the process says so once, in one line, with the cost."""
     if not orders_on_device(groups):
         return None
-    return StreamOps(groups.accelerator.module(), device=groups.device, groups=groups)
+    ops = StreamOps(groups.accelerator.module(), device=groups.device, groups=groups)
+    why = one_stream_per_group(groups.pp.pg)
+    if why is not None:
+        ops.fuses = True
+        if why not in _SAID:
+            _SAID.add(why)
+            log.warning("vpp: %s, so the V's two directions and the collectives serialise (%s); each step's "
+                        "sends and receives go as one batch_isend_irecv", why, ONE_STREAM_COST)
+    return ops
 
 
 def neighbours(layout, rank: int) -> set[int]:
@@ -162,6 +209,7 @@ def warm_communicators(groups: ParallelGroups, peers: Iterable[int], ops, *, tim
 
 
 __all__ = [
-    "RUN_AHEAD_COMPUTES", "STREAM_ORDERED_BACKENDS", "StreamOps", "neighbours", "orders_on_device",
+    "ONE_STREAM_COST", "RUN_AHEAD_COMPUTES", "STREAM_ORDERED_BACKENDS", "StreamOps", "neighbours",
+    "one_stream_per_group", "orders_on_device",
     "stream_ops_for", "warm_communicators", "warm_pair_communicators",
 ]

@@ -161,11 +161,20 @@ class Executor:
                                   synchronize=(lambda: acc.synchronize(self.device)) if events else None)
         step, action = 0, None
         try:
+            fuse = getattr(self.ops, "fuses", False)
             with torch.inference_mode():
+                skip = 0
                 for step, action in enumerate(actions):
+                    if skip:
+                        skip -= 1
+                        continue
                     if self.watch is not None:
                         self.watch.check()
-                    busy += self._do(action)
+                    if fuse and action.op in (SEND, RECV):
+                        spent, used = self._post_step(actions, step)
+                        busy, skip = busy + spent, used - 1
+                    else:
+                        busy += self._do(action)
                     self.sends.sweep()
                 busy += self._finish_sends() if self.ops is None else self._finish_device()
         except ExecutionError as exc:
@@ -291,15 +300,7 @@ class Executor:
             self.ready[(stage, q, c)] = part
 
     def _send(self, a: Action) -> float:
-        pieces = self.plan.step_pieces(a.request, a.chunk)
-        outs = [self.ready.pop((a.stage, q, c)) for q, c in pieces]
-        x = outs[0] if len(outs) == 1 else torch.cat(outs)  # one message per step
-        hidden, dtype = self.hidden[a.stage]
-        expected = (self.plan.step_tokens(a.request, a.chunk), hidden)
-        if tuple(x.shape) != expected or str(x.dtype) != dtype:
-            raise ValueError(f"stage {a.stage} produced {tuple(x.shape)} {x.dtype} for request {a.request} "
-                             f"chunk {a.chunk}, but its receiver expects {expected} {dtype}")
-        channel = self.groups.pp_channel(self.me, a.peer)
+        x, channel = self._prepare_send(a)
         start = self._now()
         if self.ops is not None:
             return self._post_device(self.ops.isend(x, a.peer, channel), a, x, start)
@@ -314,6 +315,49 @@ class Executor:
         self.spans.append(Span(self.me, "send", start, end, *a.key, peer=a.peer))
         self.sends.post(work, x, a)
         return end - start
+
+    def _prepare_send(self, a: Action):
+        """The message of a SEND (one tensor per step) and its channel, checked against the receiver."""
+        pieces = self.plan.step_pieces(a.request, a.chunk)
+        outs = [self.ready.pop((a.stage, q, c)) for q, c in pieces]
+        x = outs[0] if len(outs) == 1 else torch.cat(outs)  # one message per step
+        hidden, dtype = self.hidden[a.stage]
+        expected = (self.plan.step_tokens(a.request, a.chunk), hidden)
+        if tuple(x.shape) != expected or str(x.dtype) != dtype:
+            raise ValueError(f"stage {a.stage} produced {tuple(x.shape)} {x.dtype} for request {a.request} "
+                             f"chunk {a.chunk}, but its receiver expects {expected} {dtype}")
+        return x, self.groups.pp_channel(self.me, a.peer)
+
+    def _post_step(self, actions, i: int) -> tuple[float, int]:
+        """Where a process group runs its transfers on one stream (:attr:`.device_order.StreamOps.fuses`):
+        the run of SEND/RECV actions at ``i`` (a step's transfers) posted as one batch per channel, so
+        they run together instead of one after the other. Returns (seconds, actions consumed)."""
+        j = i
+        while j < len(actions) and actions[j].op in (SEND, RECV):
+            j += 1
+        if j - i == 1 or self.plan.comm == "blocking":
+            return self._do(actions[i]), 1
+        spent, batches = 0.0, {}
+        for a in actions[i:j]:
+            if a.op == RECV and (self.deferred.get((id(self.groups.pp_channel(a.peer, self.me)), a.peer))
+                                 or self._arrival(a) > self._now()):
+                spent += self._recv(a)  # deferred until its request arrives
+                continue
+            if a.op == SEND:
+                x, channel = self._prepare_send(a)
+            else:
+                hidden, dtype = self.hidden[a.stage]
+                x = torch.empty(self.plan.step_tokens(a.request, a.chunk), hidden,
+                                dtype=getattr(torch, dtype.replace("torch.", "")), device=self.device)
+                channel = self.groups.pp_channel(a.peer, self.me)
+                self.ready[a.key] = x
+            batches.setdefault(id(channel), (channel, []))[1].append((a, x))
+        for channel, items in batches.values():
+            start = self._now()
+            works = self.ops.batch([("send" if a.op == SEND else "recv", x, a.peer) for a, x in items], channel)
+            for (a, x), work in zip(items, works):
+                spent += self._post_device(work, a, x if a.op == SEND else None, start)
+        return spent, j - i
 
     def _recv(self, a: Action) -> float:
         hidden, dtype = self.hidden[a.stage]
