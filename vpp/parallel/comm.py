@@ -209,10 +209,14 @@ def _current_device(group: Group) -> torch.device:
 def batch_p2p(items: Sequence[tuple[str, torch.Tensor, int]], group: Group) -> list:
     """Post ``items`` (("send" | "recv", tensor, peer)) as one ``batch_isend_irecv`` on ``group``
     (its transfers run together on the group's stream); returns one work per item (NCCL returns one
-    work for a coalesced batch: every item then gets it)."""
+    work for a coalesced batch: every item then gets it). The group's first call must have been made by
+    every rank (:func:`first_call`; :func:`vpp.runtime.device_order.warm_communicators` makes it): a
+    batch may include only some ranks, so it cannot be the first."""
     for _, _, peer in items:
         _check_peer(peer, group)
-    first_call(group, items[0][1].device)
+    if group.pg is not None and (id(group.pg), group.rank) not in _STARTED:
+        raise RuntimeError(f"a batch of {len(items)} transfers on a group of {group.size} before the group's first "
+                           f"call by every rank: warm the communicators first (warm_communicators, as Pipeline does)")
     ops = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, t.contiguous() if kind == "send" else t,
                       group.global_rank(peer), group.pg) for kind, t, peer in items]
     works = list(dist.batch_isend_irecv(ops))

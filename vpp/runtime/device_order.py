@@ -35,7 +35,8 @@ import torch.distributed as dist
 from vpp.parallel.comm import batch_p2p, first_call, irecv, isend
 from vpp.parallel.groups import Group, ParallelGroups
 
-from .watchdog import abort_groups, rendezvous
+from .teardown import abort_groups
+from .watchdog import rendezvous
 
 STREAM_ORDERED_BACKENDS = ("nccl", "hccl")
 log = logging.getLogger(__name__)

@@ -46,7 +46,14 @@ Two paths, chosen by the pipeline's process group (:mod:`.device_order`):
   :data:`~.device_order.RUN_AHEAD_COMPUTES` computes ahead (an event of an earlier compute, never a
   transfer) and once at the end of the plan. Faults: a :class:`~.watchdog.WorkWatch` thread checks the
   outstanding transfers against ``timeout_s`` and the store's failure notices, and the rank's thread
-  raises what it found between actions and while it waits for the device.
+  raises what it found between actions and while it waits for the device; after a fault the rank
+  aborts its communicators (``ops.abort()``). Where a process group runs its transfers on one stream
+  (eager NCCL, HCCL: ``ops.fuses``) a step's run of SEND/RECV actions is posted as one batch per channel.
+
+Idle gaps (both paths): a receive of a request that has not arrived yet is not posted where the plan
+lists it but when its consumer needs it and the request has arrived (the sender cannot send earlier),
+in order per channel and peer: no deadline (vpp's, or the process group's own, which NCCL starts at
+enqueue) runs through a gap between requests, however long.
 
 Devices. Everything the executor allocates (the prompt, receive buffers) lives on the rank's device
 (``groups.device``); the prompt moves there once per run. Nothing in the per-chunk path waits for the
