@@ -207,6 +207,8 @@ class Watchdog:
                 self._check(what, peer, deadline)
                 continue
             except Exception as exc:  # the transfer itself failed: usually the peer went away
+                if _timed_out(exc):  # the process group's own timeout (the same timeout_s) fired first
+                    raise self.timed_out(what, peer) from exc
                 cause = self.failure_notice() or f"{self.label} {peer} stopped responding ({type(exc).__name__}: {exc})"
                 raise ExecutionError(f"{self.label} {self.rank} gave up at {what}: {cause}",
                                      rank=peer, action=what, global_rank=self._global(peer)) from exc
@@ -222,6 +224,8 @@ class Watchdog:
         try:
             work.wait()
         except Exception as exc:
+            if _timed_out(exc):
+                raise self.timed_out(what, peer) from exc
             cause = self.failure_notice() or f"{self.label} {peer} stopped responding ({type(exc).__name__}: {exc})"
             raise ExecutionError(f"{self.label} {self.rank} gave up at {what}: {cause}", rank=peer, action=what,
                                  global_rank=self._global(peer)) from exc
@@ -345,7 +349,7 @@ class WorkWatch:
                                      global_rank=self.dog._global(peer)) from exc
             if done:
                 failure = work_error(work)
-                if failure is not None and "timeout" in str(failure).lower():
+                if failure is not None and _timed_out(failure):
                     raise self.dog.timed_out(what, peer)  # the process group's own clock: as a vpp deadline
                 if failure is not None:
                     raise ExecutionError(f"{self.dog.label} {self.dog.rank} gave up at {what}: the transfer with "
@@ -355,6 +359,13 @@ class WorkWatch:
                     self._works.pop(n, None)
             elif now > deadline:
                 raise self.dog.timed_out(what, peer)
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """A transfer's error that is the process group's own timeout (gloo: "Timed out waiting ...",
+    NCCL: "Watchdog caught collective operation timeout"): reported as vpp's deadline is."""
+    text = str(exc).lower()
+    return "timed out" in text or "timeout" in text
 
 
 _ROUNDS: dict[tuple, itertools.count] = {}  # per (members, caller): they all make the same sequence of calls
