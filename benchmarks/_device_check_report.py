@@ -35,7 +35,8 @@ def report(acc, device, parts: dict, limits: dict) -> str:
                   "transformers agreement | ok |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['family']} | {r['workspace']} | {r['vpp_err']:.1e} [{r['vpp_max']:.1e}] | "
                   f"{r['hf_bf16_err']:.1e} [{r['hf_max']:.1e}] | {r['argmax_agree']:.2f} | {r['hf_agree']:.2f} | "
-                  f"{'yes' if r['ok'] else 'NO'} |" for r in fam["rows"]]
+                  f"{'yes' if r['ok'] else 'NO'} |" for r in fam["rows"] if "skipped" not in r]
+        lines += [f"Skipped {r['family']}: {r['skipped']}." for r in fam["rows"] if "skipped" in r]
     lines += ["", "## (b) tau_k of one layer, bf16", ""]
     if "error" in law:
         lines += _error_block("part (b)", law)
@@ -54,7 +55,7 @@ def report(acc, device, parts: dict, limits: dict) -> str:
     lines += ["", "## (c) the executor's device path", "", "### one device: two ranks as threads, loopback transfers", ""]
     if "error" in c:
         lines += _error_block("part (c)", c)
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + (pair_lines(parts["d"]) if "d" in parts else [])) + "\n"
     loop = c["loopback"]
     if isinstance(loop, dict):
         lines += _error_block("the loopback run", loop)
@@ -81,7 +82,29 @@ def report(acc, device, parts: dict, limits: dict) -> str:
                   "|---|---|---|---|"]
         lines += [f"| {r['schedule']} | {r['ttft_s']:.3f} | {r['max_abs_diff']:.2e} | {r['peak_mib']} |"
                   for r in pair["rows"]]
+    if "d" in parts:
+        lines += pair_lines(parts["d"])
     return "\n".join(lines) + "\n"
+
+
+def pair_lines(d: dict) -> list[str]:
+    """Part (d): two ranks on one device (NCCL with a host id each; gloo in a dry run)."""
+    lines = ["", "## (d) two NCCL ranks on one GPU (NCCL_HOSTID per rank, loopback sockets)", ""]
+    if "error" in d:
+        return lines + _error_block("part (d)", d)
+    lines += ["| init | backend | warm-up s | max abs diff | idle gap > timeout | dead peer: named, s (limit) | ok |",
+              "|---|---|---|---|---|---|---|"]
+    for mode, run in d["runs"].items():
+        r = run["reports"][0]
+        if "error" in r:
+            lines.append(f"| {mode} | {run['backend']} | rank 0 failed: {r['error'][-300:]!r} | | | | NO |")
+            continue
+        f, gap = r.get("fault", {}), r.get("idle_gap", {})
+        lines.append(f"| {mode} | {run['backend']} | {r['warm_s']:.2f} | {r.get('max_abs_diff', float('nan')):.1e} | "
+                     f"{gap.get('gap_s', 0):g} s gap, {gap.get('timeout_s', 0):g} s timeout: requests {gap.get('requests')} | "
+                     f"global rank {f.get('named_global_rank')}, {f.get('wall_s', 0):.1f} ({f.get('within_s', 0):g}) | "
+                     f"{'yes' if run['ok'] else 'NO'} |")
+    return lines
 
 
 def _mem(part: dict) -> str:

@@ -28,6 +28,15 @@ crash or a hang in one part is reported and the others still run. Writes ``devic
     an unpipelined forward), as before.
 Every part reports the allocator's peak allocated and reserved memory.
 
+(d) Optional (``--parts a,b,c,d``): two real NCCL ranks on this one GPU, each process with its own
+    ``NCCL_HOSTID`` over loopback sockets (``python -m vpp.testing.nccl_pair``), with lazy and with eager
+    (``device_id=``) initialisation: the ProcessGroupNCCL point-to-point path, the communicators' warm-up,
+    a healthy idle gap longer than the timeout, and a rank that dies mid-prefill (the other must end
+    within the timeout naming it). Correctness and hangs, not speed. In a dry run: the same on gloo.
+(a) checks that this transformers has every family's config class and the keywords the tiny configs
+    use; a family it lacks is skipped with a line saying why (transformers 5.17, the lent image's, has
+    all four).
+
 What a one-device run does NOT exercise: NCCL/HCCL themselves (their kernels, lazy communicator set-up
 and the warm-up of it, batch_isend_irecv, the process group's timeout), the WorkWatch thread against a
 real failing peer, two devices contending for a link. Those need part (c)'s torchrun run (2+ devices).
@@ -54,7 +63,8 @@ import torch
 from benchmarks._device_check_report import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIMITS = {"a": 110, "b": 190, "c": 150}  # seconds per part (7.5 minutes in all)
+LIMITS = {"a": 110, "b": 190, "c": 150, "d": 150}  # seconds per part (a-c: 7.5 minutes in all)
+DEFAULT_PARTS = "a,b,c"
 
 FAMILIES = ("qwen3_moe", "deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 FULL = dict(chunk=4096, tokens=131072)
@@ -103,6 +113,10 @@ def check_families(acc, device, chunk: int = 16) -> list[dict]:
     ids = torch.randint(0, VOCAB, (PROMPTS["a"],), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory() as tmp:
         for family in FAMILIES:
+            missing = family_missing(family)
+            if missing is not None:
+                rows.append({"family": family, "skipped": missing, "ok": True})
+                continue
             m = hf_model(family)
             m.save_pretrained(os.path.join(tmp, family))
             with torch.no_grad():
@@ -128,6 +142,36 @@ def check_families(acc, device, chunk: int = 16) -> list[dict]:
                              "argmax_agree": agree, "hf_agree": hf_agree,
                              "ok": bool(err.median() <= 2 * hf_err.median() + 1e-2 and agree >= hf_agree - 0.1)})
     return rows
+
+
+def family_missing(family: str) -> str | None:
+    """Why this transformers cannot build ``family``'s tiny reference (its config class or a keyword the
+    tiny config passes is missing), or None."""
+    import transformers
+    from tests.models.hf_tiny import config
+    try:
+        config(family)
+    except (AttributeError, TypeError, ValueError) as exc:
+        return f"transformers {transformers.__version__} cannot build the {family} config ({type(exc).__name__}: {exc})"
+    return None
+
+
+def nccl_pair(acc, dry: bool) -> dict:
+    """Part (d): two NCCL ranks on one GPU (gloo in a dry run), see the module docstring."""
+    from vpp.testing.nccl_pair import run_pair
+    backend = "gloo" if dry else "nccl"
+    runs = {}
+    for eager in ((False,) if dry else (False, True)):
+        reports = run_pair(backend, eager=eager, limit_s=LIMITS["d"] / 2 - 5, cwd=ROOT)
+        first = reports[0]
+        fault = first.get("fault", {})
+        runs["eager" if eager else "lazy"] = {
+            "reports": reports, "backend": backend,
+            "ok": "error" not in first and first.get("max_abs_diff", 1.0) < 1e-2
+                  and first.get("idle_gap", {}).get("requests") == [1, 2]
+                  and fault.get("raised") is True and fault.get("named_global_rank") == 1
+                  and fault.get("wall_s", 1e9) <= fault.get("within_s", 0)}
+    return runs
 
 
 # --- (b) ---------------------------------------------------------------------------------------------
@@ -311,6 +355,8 @@ def run_part(name: str, args, acc, device, preset: str) -> dict:
         return {"rows": check_families(acc, device), "kernels": kernels(device.type), **peak(acc, device)}
     if name == "b":
         return {**layer_law(acc, device, preset, args.dry_run), **peak(acc, device)}
+    if name == "d":
+        return {"runs": nccl_pair(acc, args.dry_run)}
     try:
         loop = one_device_pipeline(acc, device, args.dry_run)
     except Exception:
@@ -339,6 +385,8 @@ def _failed(parts: dict) -> bool:
     fam, c = parts["a"], parts["c"]
     if any("error" in p for p in parts.values()) or not all(r["ok"] for r in fam["rows"]):
         return True
+    if "d" in parts and not all(run["ok"] for run in parts["d"]["runs"].values()):
+        return True
     loop, pair = c["loopback"], c["two_ranks"]
     if isinstance(loop, dict) or any(r["max_abs_diff"] > 0.05 * max(r["ref_scale"], 1.0) for r in loop):
         return True
@@ -352,7 +400,7 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: rehearse every step")
     p.add_argument("--out", help="folder for device_check.md and .json (or the .md file's path)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds for the 2-rank torchrun run")
-    p.add_argument("--parts", default="a,b,c", help="comma-separated parts to run (default all)")
+    p.add_argument("--parts", default=DEFAULT_PARTS, help="comma-separated parts to run (default a,b,c; d is optional)")
     p.add_argument("--part", choices=tuple(LIMITS), help=argparse.SUPPRESS)
     p.add_argument("--part-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -374,7 +422,7 @@ def main(argv=None) -> int:
         if not wanted or set(wanted) - set(LIMITS):
             p.error(f"--parts={args.parts!r}: choose from {', '.join(LIMITS)}")
         parts = {name: spawn_part(name, passed, tmp) if name in wanted else {"error": "not run (--parts)"}
-                 for name in LIMITS}
+                 for name in LIMITS if name != "d" or name in wanted}
     text = report(acc, device, parts, LIMITS)
     print(text)
     out = args.out or (None if args.dry_run else os.path.join(ROOT, "benchmarks", "results"))

@@ -75,3 +75,57 @@ def test_a_failure_notice_from_another_rank_stops_this_one():
     with pytest.raises(ExecutionError, match="pipeline rank 0 stopped at R2<1.r0.c1 because pipeline rank 1"):
         watch.check()
     watch.close()
+
+
+def test_the_watchdog_thread_selects_the_device_before_it_queries():
+    import threading
+    local = threading.local()
+
+    class _OnDevice(_Work):
+        def is_completed(self):
+            assert getattr(local, "device", None) == "cuda:3", "queried before set_device on this thread"
+            return True
+
+    dog = Watchdog("w4", 0, timeout_s=5, poll_s=0.01, pollable=True)
+    watch = WorkWatch(dog, select_device=lambda: setattr(local, "device", "cuda:3"))
+    watch.watch(_OnDevice(), "R0<1.r0.c0", 1)
+    assert _until(lambda: watch.outstanding == 0)
+    watch.check()
+    watch.close()
+
+
+def test_a_work_that_completed_with_an_error_is_reported_at_once_naming_its_peer():
+    class _Failed(_Work):
+        def exception(self):
+            return RuntimeError("NCCL communicator was aborted on rank 5")
+
+    dog = Watchdog("w5", 0, timeout_s=60, poll_s=0.01, pollable=True, global_ranks=(4, 5))
+    watch = WorkWatch(dog)
+    watch.watch(_Failed(done=True), "S0>1.r0.c2", 1)
+    assert _until(lambda: watch.error is not None, limit=2.0)
+    with pytest.raises(ExecutionError, match=r"gave up at S0>1.r0.c2: the transfer with pipeline rank 1 failed "
+                                             r"\(RuntimeError: NCCL communicator was aborted") as info:
+        watch.check()
+    assert info.value.rank == 1 and info.value.global_rank == 5
+    watch.close()
+
+
+def test_abort_groups_uses_abort_then_shutdown_then_destroy(monkeypatch):
+    import vpp.runtime.watchdog as wd
+    done = []
+
+    class Abortable:
+        def abort(self):
+            done.append("abort")
+
+    class OnlyShutdown:
+        def shutdown(self):
+            done.append("shutdown")
+
+    class Old:
+        pass
+
+    monkeypatch.setattr(wd.dist, "destroy_process_group", lambda pg: done.append("destroy"))
+    a = Abortable()
+    assert wd.abort_groups([a, a, None, OnlyShutdown(), Old()]) == ["abort", "shutdown", "destroy"]
+    assert done == ["abort", "shutdown", "destroy"]

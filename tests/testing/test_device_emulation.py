@@ -99,8 +99,9 @@ def test_a_failed_rank_stops_its_peer_within_the_timeout_naming_it():
         run.run()
     errors = info.value.errors
     assert "injected" in str(errors[1])
-    assert isinstance(errors[0], ExecutionError) and errors[0].rank == 1
-    assert "timed out after 1s" in str(errors[0]) and "waiting for pipeline rank 1" in str(errors[0])
+    # the ranks share a store (issue 33): rank 0 reads rank 1's notice instead of waiting out the timeout
+    assert isinstance(errors[0], ExecutionError) and errors[0].global_rank == 1
+    assert "because pipeline rank 1 (global rank 1) raised RuntimeError: injected" in str(errors[0])
 
 
 @pytest.mark.slow
@@ -109,13 +110,14 @@ def test_device_emulation_benchmark_quick():
                           capture_output=True, text=True, timeout=240, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout)["rows"]
-    assert [r["schedule"] for r in rows] == ["cpp", "vpp", "vpp-async"]
+    assert [(r["streams"], r["schedule"]) for r in rows] == [(m, s) for m in ("pair", "group", "rank")
+                                                             for s in ("cpp", "vpp", "vpp-async")]
     for r in rows:
         assert set(r) >= {"schedule", "pp", "host_blocking_waits_per_chunk", "recv_overlap", "makespan_s",
                           "sim_makespan_s"}
         assert r["host_blocking_waits_per_chunk"] == 0
         assert abs(r["makespan_s"] / r["sim_makespan_s"] - 1) < 0.05
-    assert rows[2]["recv_overlap"] >= 0.9
+    assert all(r["recv_overlap"] >= 0.9 for r in rows if r["schedule"] == "vpp-async")
 
 
 @pytest.mark.parametrize("schedule,pp", [("cpp", 4), ("vpp-async", 4), ("vpp-async", 2)])

@@ -217,8 +217,8 @@ def _cases() -> tuple[dict, ...]:
 
 
 # the expert GEMMs: the per-expert loop (the CPU reference) and the grouped GEMM that CUDA/NPU run
-# (torch implements torch._grouped_mm on CPU as well); "alltoall" takes host counts, so loop only
-MODES = (("allreduce", "loop"), ("allreduce", "grouped_mm"), ("alltoall", "loop"))
+# (torch implements torch._grouped_mm on CPU as well); "alltoall" with the grouped GEMM: fixed capacity
+MODES = (("allreduce", "loop"), ("allreduce", "grouped_mm"), ("alltoall", "loop"), ("alltoall", "grouped_mm"))
 
 
 def _check_all(groups: ParallelGroups, cases) -> tuple[int, dict]:

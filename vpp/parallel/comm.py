@@ -17,6 +17,15 @@ Exchanges in both directions (:func:`exchange`, the point-to-point all-to-all) a
 ``dist.batch_isend_irecv`` on NCCL and HCCL: there each separate ``irecv`` blocks its stream until its
 send arrives, so two ranks that each post a receive before their send to the other never start either
 send. gloo posts them separately (receives first), which cannot deadlock there.
+
+A group's first ``batch_isend_irecv`` must include every rank of the group (torch's documentation: it
+sets up the communicator), but a rank may have nothing to exchange (an all-to-all with no rows to or
+from anyone). So the first exchange on a group starts with a one-element all-reduce that every rank of
+it makes (:func:`first_call`): every rank reaches the exchange, whatever it posts.
+
+``all_to_all(impl="auto")`` picks its path from the group's backend, never from an error one rank
+saw: the same answer on every rank (an error on one rank that sent it alone down the other path
+left the ranks' transfers out of step).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from vpp.parallel.device import KINDS
 from vpp.parallel.groups import Group
 
 
@@ -73,8 +83,9 @@ def all_to_all(
     arrive from rank ``j``, concatenated in rank order.
 
     ``impl``: ``"native"`` (``all_to_all_single``), ``"p2p"`` (paired non-blocking sends/receives,
-    for backends that lack the collective or uneven splits) or ``"auto"`` (native, falling back to
-    p2p when the backend raises).
+    for backends that lack the collective) or ``"auto"`` (native on the backends that have it,
+    :data:`NATIVE_ALL_TO_ALL_BACKENDS`, else p2p: decided by the backend, so every rank agrees; an
+    error raises on every path).
     """
     if group.size == 1:
         return x
@@ -85,17 +96,35 @@ def all_to_all(
     if sum(input_splits) != x.shape[0]:
         raise ValueError(f"input_splits sum to {sum(input_splits)} but x has {x.shape[0]} rows")
     out = x.new_empty((sum(output_splits), *x.shape[1:]))
-    if impl in ("auto", "native"):
-        try:
-            dist.all_to_all_single(out, x.contiguous(), list(output_splits), list(input_splits), group=group.pg)
-            return out
-        except (RuntimeError, NotImplementedError):
-            if impl == "native":
-                raise
+    if impl not in ("auto", "native", "p2p"):
+        raise ValueError(f"impl={impl!r}: choose auto, native or p2p")
+    if impl == "native" or (impl == "auto" and native_all_to_all(group)):
+        dist.all_to_all_single(out, x.contiguous(), list(output_splits), list(input_splits), group=group.pg)
+        return out
     return _all_to_all_p2p(x, out, group, input_splits, output_splits)
 
 
 FUSED_P2P_BACKENDS = ("nccl", "hccl")
+NATIVE_ALL_TO_ALL_BACKENDS = ("nccl", "hccl", "gloo", "mpi")
+
+
+def native_all_to_all(group: Group) -> bool:
+    """True when ``group``'s backend has ``all_to_all_single`` (asked of the group: every rank agrees)."""
+    if group.pg is None or not dist.is_initialized():
+        return True
+    return str(dist.get_backend(group.pg)).lower() in NATIVE_ALL_TO_ALL_BACKENDS
+
+
+_STARTED: set[tuple[int, int]] = set()  # (id(pg), rank in it) whose first exchange was made (groups live for the run)
+
+
+def first_call(group: Group, device: torch.device) -> None:
+    """Before a group's first fused exchange: a one-element all-reduce that every rank of the group makes
+    (the communicator's set-up includes them all, whatever each then posts). Later calls: nothing."""
+    if group.pg is None or (id(group.pg), group.rank) in _STARTED:
+        return
+    dist.all_reduce(torch.zeros(1, device=device), group=group.pg)
+    _STARTED.add((id(group.pg), group.rank))
 
 
 def fuses_p2p(group: Group) -> bool:
@@ -105,12 +134,16 @@ def fuses_p2p(group: Group) -> bool:
     return str(dist.get_backend(group.pg)).lower() in FUSED_P2P_BACKENDS
 
 
-def _post_pairs(sends, recvs, group: Group) -> list:
+def _post_pairs(sends, recvs, group: Group, device: torch.device | None = None) -> list:
     """Post ``recvs`` ((buffer, peer) pairs) and ``sends`` ((tensor, peer) pairs): one fused
-    ``batch_isend_irecv`` on NCCL/HCCL, receives then sends one by one elsewhere. Returns the works."""
+    ``batch_isend_irecv`` on NCCL/HCCL (after :func:`first_call`, on every rank: ``device`` is where its
+    one element lives when this rank has nothing to post), receives then sends one by one elsewhere.
+    Returns the works."""
     for _, peer in (*sends, *recvs):
         _check_peer(peer, group)
     if fuses_p2p(group):
+        tensors = [t for t, _ in (*sends, *recvs)]
+        first_call(group, tensors[0].device if tensors else device if device is not None else _current_device(group))
         ops = [dist.P2POp(dist.irecv, buf, group.global_rank(peer), group.pg) for buf, peer in recvs]
         ops += [dist.P2POp(dist.isend, x.contiguous(), group.global_rank(peer), group.pg) for x, peer in sends]
         return list(dist.batch_isend_irecv(ops)) if ops else []
@@ -132,7 +165,7 @@ def _all_to_all_p2p(x, out, group: Group, input_splits, output_splits) -> torch.
     recvs[me].copy_(sends[me])
     peers = [p for p in range(group.size) if p != me]
     works = _post_pairs([(sends[p], p) for p in peers if input_splits[p]],
-                        [(recvs[p], p) for p in peers if output_splits[p]], group)
+                        [(recvs[p], p) for p in peers if output_splits[p]], group, x.device)
     for w in works:
         w.wait()
     return out
@@ -173,6 +206,29 @@ def exchange(
         w.wait()
 
 
+def _current_device(group: Group) -> torch.device:
+    kind = KINDS.get(str(dist.get_backend(group.pg)).lower(), "cpu")
+    module = getattr(torch, kind, None) if kind != "cpu" else None
+    return torch.device(kind, module.current_device()) if module is not None else torch.device("cpu")
+
+
+def batch_p2p(items: Sequence[tuple[str, torch.Tensor, int]], group: Group) -> list:
+    """Post ``items`` (("send" | "recv", tensor, peer)) as one ``batch_isend_irecv`` on ``group``
+    (its transfers run together on the group's stream); returns one work per item (NCCL returns one
+    work for a coalesced batch: every item then gets it). The group's first call must have been made by
+    every rank (:func:`first_call`; :func:`vpp.runtime.device_order.warm_communicators` makes it): a
+    batch may include only some ranks, so it cannot be the first."""
+    for _, _, peer in items:
+        _check_peer(peer, group)
+    if group.pg is not None and (id(group.pg), group.rank) not in _STARTED:
+        raise RuntimeError(f"a batch of {len(items)} transfers on a group of {group.size} before the group's first "
+                           f"call by every rank: warm the communicators first (warm_communicators, as Pipeline does)")
+    ops = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, t.contiguous() if kind == "send" else t,
+                      group.global_rank(peer), group.pg) for kind, t, peer in items]
+    works = list(dist.batch_isend_irecv(ops))
+    return works if len(works) == len(items) else [works[0]] * len(items)
+
+
 def _check_peer(peer: int, group: Group) -> None:
     if not 0 <= peer < group.size:
         raise ValueError(f"peer {peer} outside a group of {group.size}")
@@ -182,5 +238,5 @@ def _check_peer(peer: int, group: Group) -> None:
 
 __all__ = [
     "copy_to_tp", "reduce_from_tp", "gather_from_tp", "scatter_to_tp", "all_to_all", "exchange_counts",
-    "isend", "irecv", "exchange", "fuses_p2p", "post_exchange",
+    "isend", "irecv", "exchange", "batch_p2p", "first_call", "fuses_p2p", "native_all_to_all", "post_exchange",
 ]

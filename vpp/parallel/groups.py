@@ -7,6 +7,7 @@ Megatron-style accessors at the bottom read, a thin convenience for scripts).
 
 from __future__ import annotations
 
+import datetime
 import numbers
 from dataclasses import dataclass, field
 
@@ -116,32 +117,50 @@ def build_groups(
     *,
     first_rank: int = 0,
     instance: bool = False,
+    timeout_s: float | None = None,
 ) -> ParallelGroups | None:
     """Create the process groups of every axis (a collective call: every rank of the world must call
     it). The grid's ranks are global ranks ``first_rank ..  first_rank + sizes.world_size - 1``;
     ``instance``: also a process group over all of them (``ParallelGroups.instance``), for a grid that
-    is one part of a larger world. Returns None on a rank outside the grid."""
+    is one part of a larger world. ``timeout_s``: every group's timeout (default: the default process
+    group's, i.e. the run's ``timeout_s`` given to :func:`~vpp.parallel.rendezvous.init_distributed`;
+    torch would otherwise give each subgroup its backend's default, 10 minutes on NCCL). Returns None on
+    a rank outside the grid."""
+    timeout = group_timeout(timeout_s)
     shift = lambda members: tuple(first_rank + r for r in members)  # noqa: E731
     all_groups = {axis: [shift(m) for m in members] for axis, members in rank_groups(sizes).items()}
     mine: dict[str, Group] = {}
     for axis in AXES:
         for members in all_groups[axis]:
             # new_group must be called by every process for every group, in the same order.
-            pg = dist.new_group(list(members)) if len(members) > 1 else None
+            pg = dist.new_group(list(members), timeout=timeout) if len(members) > 1 else None
             if global_rank in members:
                 mine[axis] = Group(members, members.index(global_rank), pg)
     for members in all_groups["pp"]:
-        pg = dist.new_group(list(members)) if len(members) > 1 else None
+        pg = dist.new_group(list(members), timeout=timeout) if len(members) > 1 else None
         if global_rank in members:
             mine["pp_up"] = Group(members, members.index(global_rank), pg)
     if instance:
         members = shift(range(sizes.world_size))
-        pg = dist.new_group(list(members)) if len(members) > 1 else None
+        pg = dist.new_group(list(members), timeout=timeout) if len(members) > 1 else None
         if global_rank in members:
             mine["instance"] = Group(members, members.index(global_rank), pg)
     if "tp" not in mine:
         return None
     return ParallelGroups(sizes, global_rank, accelerator=accelerator, device=device, **mine)
+
+
+def group_timeout(timeout_s: float | None = None) -> datetime.timedelta | None:
+    """The timeout for a new subgroup: ``timeout_s``, else the default process group's (None when torch
+    does not say: its backend default applies)."""
+    if timeout_s is not None:
+        return datetime.timedelta(seconds=float(timeout_s))
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        device = torch.device("cpu") if "gloo" in str(dist.get_backend(pg)).lower() else pg.bound_device_id
+        return pg._get_backend(device or torch.device("cuda")).options._timeout  # private: default on failure
+    except Exception:
+        return None
 
 
 def initialize_model_parallel(
@@ -152,6 +171,7 @@ def initialize_model_parallel(
     context_parallel_size: int = 1,
     accelerator: Accelerator | None = None,
     local_rank: int | None = None,
+    timeout_s: float | None = None,
 ) -> ParallelGroups:
     """Megatron-style entry point. ``torch.distributed`` must already be initialised (see
     :func:`vpp.parallel.rendezvous.init_distributed`). Any world size that is a multiple of
@@ -161,7 +181,8 @@ def initialize_model_parallel(
     The device follows the default process group's backend (gloo: CPU, NCCL: CUDA, HCCL: NPU), so
     stages are never placed on a device the process group cannot move; an ``accelerator`` that
     disagrees with the backend is an error. The card is ``local_rank``'s, else the current device
-    (set by :func:`~vpp.parallel.rendezvous.init_distributed`)."""
+    (set by :func:`~vpp.parallel.rendezvous.init_distributed`). ``timeout_s``: the groups' timeout
+    (default: the default process group's, see :func:`build_groups`)."""
     tp, pp, cp = tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size
     for name, value in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
                         ("expert_model_parallel_size", expert_model_parallel_size),
@@ -184,8 +205,8 @@ def initialize_model_parallel(
     if local_rank is None and acc.kind != "cpu":
         local_rank = acc.module().current_device()
     device = acc.device(local_rank or 0)
-    groups = build_groups(sizes, rank, acc, device)
+    groups = build_groups(sizes, rank, acc, device, timeout_s=timeout_s)
     return groups
 
 
-__all__ = ["Group", "ParallelGroups", "build_groups", "initialize_model_parallel", "coordinates", "group_of"]
+__all__ = ["Group", "ParallelGroups", "build_groups", "group_timeout", "initialize_model_parallel", "coordinates", "group_of"]

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Sequence, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -78,8 +78,14 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="vpp-parent-watch", daemon=True).start()
 
 
-def check_device_count(acc: Accelerator, ranks: int) -> None:
-    """Raise unless this node has a device for each of ``ranks`` local ranks (always true on CPU)."""
+def check_device_count(acc: Accelerator, ranks: int, *, host_ids: Sequence[str] | None = None) -> None:
+    """Raise unless this node has a device for each of ``ranks`` local ranks (always true on CPU). The one
+    exception: CUDA ranks that each get their own ``NCCL_HOSTID`` (``host_ids``, one per rank, all set
+    and different), which NCCL runs as hosts apart over sockets, several on one GPU (a correctness check
+    of the NCCL path on a one-GPU machine: ``python -m vpp.testing.nccl_pair``)."""
+    if acc.kind == "cuda" and host_ids is not None and len(host_ids) == ranks and all(host_ids) \
+            and len(set(host_ids)) == ranks and acc.device_count >= 1:
+        return
     if acc.kind != "cpu" and acc.device_count < ranks:
         raise RuntimeError(f"{ranks} ranks need one {acc.kind} device each, but {acc.device_count} "
                            f"{'is' if acc.device_count == 1 else 'are'} visible; start fewer ranks "

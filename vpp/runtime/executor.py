@@ -46,7 +46,14 @@ Two paths, chosen by the pipeline's process group (:mod:`.device_order`):
   :data:`~.device_order.RUN_AHEAD_COMPUTES` computes ahead (an event of an earlier compute, never a
   transfer) and once at the end of the plan. Faults: a :class:`~.watchdog.WorkWatch` thread checks the
   outstanding transfers against ``timeout_s`` and the store's failure notices, and the rank's thread
-  raises what it found between actions and while it waits for the device.
+  raises what it found between actions and while it waits for the device; after a fault the rank
+  aborts its communicators (``ops.abort()``). Where a process group runs its transfers on one stream
+  (eager NCCL, HCCL: ``ops.fuses``) a step's run of SEND/RECV actions is posted as one batch per channel.
+
+Idle gaps (both paths): a receive of a request that has not arrived yet is not posted where the plan
+lists it but when its consumer needs it and the request has arrived (the sender cannot send earlier),
+in order per channel and peer: no deadline (vpp's, or the process group's own, which NCCL starts at
+enqueue) runs through a gap between requests, however long.
 
 Devices. Everything the executor allocates (the prompt, receive buffers) lives on the rank's device
 (``groups.device``); the prompt moves there once per run. Nothing in the per-chunk path waits for the
@@ -125,7 +132,7 @@ class Executor:
         self.pollable = polls_completion(groups.pp.pg)
         self.ops = device_ops if device_ops is not None else stream_ops_for(groups)
         self.watchdog = Watchdog(run_key, self.me, timeout_s=timeout_s, poll_s=poll_s, pollable=self.pollable,
-                                 global_ranks=groups.pp.ranks)
+                                 global_ranks=groups.pp.ranks, store=getattr(self.ops, "store", None))
         self.device = groups.device
         self.timed = timed
         self.progress = progress  # called with the number of chunks through stage 0 so far
@@ -139,8 +146,11 @@ class Executor:
         self.prompts = {q: ids.to(self.device) for q, ids in (prompts or {}).items()}
         self.ready: dict[tuple, torch.Tensor] = {}  # activation (producer stage, request, chunk) -> tensor
         self.pending: dict[tuple, tuple] = {}  # posted async receive: key -> (work, peer, action)
+        self.deferred: dict[tuple, deque] = {}  # lane -> receives not posted yet (their request has not arrived)
+        self.late: dict[tuple, tuple] = {}  # key of a deferred receive -> its lane
         self.sends = SendQueue(self.watchdog, pollable=self.pollable or self.ops is not None)  # held while in flight
-        self.watch = WorkWatch(self.watchdog) if self.ops is not None else None
+        self.watch = WorkWatch(self.watchdog, select_device=getattr(self.ops, "select_device", None)) \
+            if self.ops is not None else None
         self.marks: deque = deque()  # device path: an event after each queued compute (run-ahead bound)
         self.logits: dict[int, torch.Tensor] = {}
         self.spans: list[Span] = []
@@ -158,19 +168,30 @@ class Executor:
                                   synchronize=(lambda: acc.synchronize(self.device)) if events else None)
         step, action = 0, None
         try:
+            fuse = getattr(self.ops, "fuses", False)
             with torch.inference_mode():
+                skip = 0
                 for step, action in enumerate(actions):
+                    if skip:
+                        skip -= 1
+                        continue
                     if self.watch is not None:
                         self.watch.check()
-                    busy += self._do(action)
+                    if fuse and action.op in (SEND, RECV):
+                        spent, used = self._post_step(actions, step)
+                        busy, skip = busy + spent, used - 1
+                    else:
+                        busy += self._do(action)
                     self.sends.sweep()
                 busy += self._finish_sends() if self.ops is None else self._finish_device()
         except ExecutionError as exc:
             self.watchdog.notify_failure(self._where(step, action, "stopped"), exc.global_rank)
+            self._abort()
             raise
         except Exception as exc:
             notice = self._where(step, action, f"raised {type(exc).__name__}: {exc}")
             self.watchdog.notify_failure(notice, self.groups.global_rank)
+            self._abort()
             raise ExecutionError(notice, rank=self.me, action=str(action), global_rank=self.groups.global_rank) from exc
         finally:
             self.sends.close()
@@ -183,6 +204,13 @@ class Executor:
                                {"source": "executed", "plan": self.plan.name, "comm": self.plan.comm,
                                 "timing": "host" if acc.kind == "cpu" else self.timer.mode if events else "host-dispatch",
                                 "max_live_sends": self.sends.max_live}, self.finite.local())
+
+    def _abort(self) -> None:
+        """The device path after a fault: abort the communicators (NCCL/HCCL kernels waiting for a peer
+        that will never come would spin until the process group's own timeout kills the process)."""
+        abort = getattr(self.ops, "abort", None)
+        if abort is not None:
+            abort()
 
     def _where(self, step: int, action: Action | None, what: str) -> str:
         return f"pipeline rank {self.me} (global rank {self.groups.global_rank}) {what} at step {step} ({action})"
@@ -234,8 +262,10 @@ class Executor:
         else:
             src = (a.stage - 1, a.request, a.chunk)
             lead = (a.stage - 1, *self.plan.lead(a.request, a.chunk))
+            if lead in self.late:
+                blocked += self._post_late(lead)
             if lead in self.pending:
-                blocked = self._wait_recv(lead) if self.ops is None else self._order_after_recv(lead)
+                blocked += self._wait_recv(lead) if self.ops is None else self._order_after_recv(lead)
             if lead == src and len(self.plan.step_pieces(a.request, a.chunk)) > 1 and \
                     not self.plan.layout.is_local_hop(a.stage - 1):
                 self._split_step(lead)
@@ -277,15 +307,7 @@ class Executor:
             self.ready[(stage, q, c)] = part
 
     def _send(self, a: Action) -> float:
-        pieces = self.plan.step_pieces(a.request, a.chunk)
-        outs = [self.ready.pop((a.stage, q, c)) for q, c in pieces]
-        x = outs[0] if len(outs) == 1 else torch.cat(outs)  # one message per step
-        hidden, dtype = self.hidden[a.stage]
-        expected = (self.plan.step_tokens(a.request, a.chunk), hidden)
-        if tuple(x.shape) != expected or str(x.dtype) != dtype:
-            raise ValueError(f"stage {a.stage} produced {tuple(x.shape)} {x.dtype} for request {a.request} "
-                             f"chunk {a.chunk}, but its receiver expects {expected} {dtype}")
-        channel = self.groups.pp_channel(self.me, a.peer)
+        x, channel = self._prepare_send(a)
         start = self._now()
         if self.ops is not None:
             return self._post_device(self.ops.isend(x, a.peer, channel), a, x, start)
@@ -301,17 +323,98 @@ class Executor:
         self.sends.post(work, x, a)
         return end - start
 
+    def _prepare_send(self, a: Action):
+        """The message of a SEND (one tensor per step) and its channel, checked against the receiver."""
+        pieces = self.plan.step_pieces(a.request, a.chunk)
+        outs = [self.ready.pop((a.stage, q, c)) for q, c in pieces]
+        x = outs[0] if len(outs) == 1 else torch.cat(outs)  # one message per step
+        hidden, dtype = self.hidden[a.stage]
+        expected = (self.plan.step_tokens(a.request, a.chunk), hidden)
+        if tuple(x.shape) != expected or str(x.dtype) != dtype:
+            raise ValueError(f"stage {a.stage} produced {tuple(x.shape)} {x.dtype} for request {a.request} "
+                             f"chunk {a.chunk}, but its receiver expects {expected} {dtype}")
+        return x, self.groups.pp_channel(self.me, a.peer)
+
+    def _post_step(self, actions, i: int) -> tuple[float, int]:
+        """Where a process group runs its transfers on one stream (:attr:`.device_order.StreamOps.fuses`):
+        the run of SEND/RECV actions at ``i`` (a step's transfers) posted as one batch per channel, so
+        they run together instead of one after the other. Returns (seconds, actions consumed)."""
+        j = i
+        while j < len(actions) and actions[j].op in (SEND, RECV):
+            j += 1
+        if j - i == 1 or self.plan.comm == "blocking":
+            return self._do(actions[i]), 1
+        spent, batches = 0.0, {}
+        for a in actions[i:j]:
+            if a.op == RECV and (self.deferred.get((id(self.groups.pp_channel(a.peer, self.me)), a.peer))
+                                 or self._arrival(a) > self._now()):
+                spent += self._recv(a)  # deferred until its request arrives
+                continue
+            if a.op == SEND:
+                x, channel = self._prepare_send(a)
+            else:
+                hidden, dtype = self.hidden[a.stage]
+                x = torch.empty(self.plan.step_tokens(a.request, a.chunk), hidden,
+                                dtype=getattr(torch, dtype.replace("torch.", "")), device=self.device)
+                channel = self.groups.pp_channel(a.peer, self.me)
+                self.ready[a.key] = x
+            batches.setdefault(id(channel), (channel, []))[1].append((a, x))
+        for channel, items in batches.values():
+            start = self._now()
+            works = self.ops.batch([("send" if a.op == SEND else "recv", x, a.peer) for a, x in items], channel)
+            for (a, x), work in zip(items, works):
+                spent += self._post_device(work, a, x if a.op == SEND else None, start)
+        return spent, j - i
+
     def _recv(self, a: Action) -> float:
         hidden, dtype = self.hidden[a.stage]
         tokens = self.plan.step_tokens(a.request, a.chunk)
         buf = torch.empty(tokens, hidden, dtype=getattr(torch, dtype.replace("torch.", "")), device=self.device)
         channel = self.groups.pp_channel(a.peer, self.me)
+        self.ready[a.key] = buf
+        lane = (id(channel), a.peer)
+        if self.plan.comm == "blocking":
+            return self._sleep_until(self._arrival(a)) + self._post_recv(a, buf, channel)
+        if self.deferred.get(lane) or self._arrival(a) > self._now():
+            # the peer cannot send before the request arrives: posting now would start the receive's
+            # deadline (and NCCL's own watchdog clock, which starts at enqueue) during an idle gap
+            self.deferred.setdefault(lane, deque()).append((a, buf, channel))
+            self.late[a.key] = lane
+            return 0.0
+        return self._post_recv(a, buf, channel)
+
+    def _arrival(self, a: Action) -> float:
+        """When the sender can first send ``a``'s step: its latest request's arrival (run clock)."""
+        return max(self.requests[q].arrival for q, _ in self.plan.step_pieces(a.request, a.chunk))
+
+    def _sleep_until(self, t: float) -> float:
+        """Sleep until ``t`` on the run's clock, checking for faults; returns the seconds slept."""
+        start = self._now()
+        while (left := t - self._now()) > 0:
+            if self.watch is not None:
+                self.watch.check()
+            self.watchdog._check("an idle gap before a request's arrival", None, float("inf"))
+            time.sleep(min(left, self.watchdog.poll_s))
+        return self._now() - start
+
+    def _post_late(self, key: tuple) -> float:
+        """Post the deferred receives of ``key``'s lane up to ``key`` (in order: a pair communicator
+        matches its transfers in posting order), each once its request has arrived."""
+        lane, slept = self.late[key], 0.0
+        while self.deferred[lane]:
+            a, buf, channel = self.deferred[lane].popleft()
+            slept += self._sleep_until(self._arrival(a))
+            del self.late[a.key]
+            self._post_recv(a, buf, channel)
+            if a.key == key:
+                break
+        return slept
+
+    def _post_recv(self, a: Action, buf: torch.Tensor, channel) -> float:
         start = self._now()
         if self.ops is not None:
-            self.ready[a.key] = buf
             return self._post_device(self.ops.irecv(buf, a.peer, channel), a, None, start)
         work = irecv(buf, a.peer, channel)
-        self.ready[a.key] = buf
         if self.plan.comm == "blocking":
             self.watchdog.wait(work, str(a), a.peer)
             end = self._now()
@@ -333,6 +436,8 @@ class Executor:
 
     def _finish_sends(self) -> float:
         blocked = 0.0
+        if self.late:
+            raise RuntimeError(f"receives {sorted(self.late)} were planned but never consumed")
         for start, end, a in self.sends.finish(self._now):
             self.spans.append(Span(self.me, "send", start, end, *a.key, peer=a.peer))
             blocked += end - start
@@ -373,8 +478,8 @@ class Executor:
 
     def _finish_device(self) -> float:
         """The plan's end: order the current stream after every send still in flight and wait once."""
-        if self.pending:
-            raise RuntimeError(f"receives {sorted(self.pending)} were posted but never consumed")
+        if self.pending or self.late:
+            raise RuntimeError(f"receives {sorted(self.pending) + sorted(self.late)} were posted but never consumed")
         start = self._now()
         for work in self.sends.works():
             self.ops.order_after(work)

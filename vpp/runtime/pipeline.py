@@ -35,7 +35,7 @@ from vpp.schedules.verify import verify
 from . import finite, handshake, inputs
 from .inputs import cached_counts, requests_for
 from .decode import broadcast_logits, decode_step
-from .device_order import neighbours, stream_ops_for, warm_pair_communicators
+from .device_order import neighbours, stream_ops_for, warm_communicators
 from .executor import Executor
 from .layout_inference import check_stage_shapes, infer_layout
 from .prefill_output import PrefillOutput
@@ -102,12 +102,13 @@ class Pipeline:
         self._warm()
 
     def _warm(self) -> None:
-        """On NCCL/HCCL, set up the pair communicators with this rank's pipeline neighbours now (the
-        first transfer on each is a host-blocking set-up), so no prefill's TTFT includes it."""
+        """On NCCL/HCCL, set up every communicator now (each group's collective one and the pairs with
+        this rank's pipeline neighbours: the first call on each is a host-blocking set-up, bounded here
+        by ``timeout_s``), so no prefill's TTFT includes it (:func:`.device_order.warm_communicators`)."""
         ops = stream_ops_for(self.groups)
         if ops is None:
             return
-        warm_pair_communicators(self.groups, neighbours(self.layout, self.groups.pp.rank), ops)
+        warm_communicators(self.groups, neighbours(self.layout, self.groups.pp.rank), ops, timeout_s=self.timeout_s)
         self.groups.accelerator.synchronize(self.groups.device)
 
     # --- prefill ---------------------------------------------------------------------------------

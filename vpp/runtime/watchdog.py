@@ -37,6 +37,8 @@ import torch.distributed as dist
 
 from vpp.parallel.rendezvous import first_failure
 
+from .teardown import abort_groups, work_error
+
 
 POLLABLE_BACKENDS = ("nccl", "hccl")
 
@@ -108,13 +110,15 @@ class Watchdog:
     on every rank of the run). ``rank`` and the peers are pipeline ranks unless ``label`` says otherwise."""
 
     def __init__(self, run_key: str, rank: int, *, timeout_s: float, poll_s: float = 0.05,
-                 pollable: bool = False, global_ranks: tuple[int, ...] | None = None, label: str = "pipeline rank"):
+                 pollable: bool = False, global_ranks: tuple[int, ...] | None = None, label: str = "pipeline rank",
+                 store=None, me_global: int | None = None):
         self.key = f"vpp/run/{run_key}/failed"
         self.label = label  # what ``rank`` and the peers are numbered as, in messages (a hand-over: "global rank")
         self.rank, self.timeout_s, self.poll_s = rank, timeout_s, poll_s
         self.pollable = pollable  # Work.is_completed() is meaningful (NCCL, HCCL), see the module docstring
         self.global_ranks = global_ranks  # pipeline rank -> global rank, to name a peer to the launcher
-        self.store = default_store()
+        self.store = store if store is not None else default_store()
+        self.me_global = me_global if me_global is not None else self._global(rank)
         self._pool: DaemonExecutor | None = None
 
     def _global(self, peer: int | None) -> int | None:
@@ -177,9 +181,9 @@ class Watchdog:
                 raise ExecutionError(f"{self.label} {self.rank} stopped at {what} because {notice}", action=what,
                                      global_rank=culprit)
             if time.monotonic() > deadline:
-                raise ExecutionError(f"{self.label} {self.rank} timed out after {self.timeout_s:g}s at {what} "
-                                     f"waiting for request {request} to finish on {self.label} {peer}",
-                                     rank=peer, action=what, global_rank=self._global(peer))
+                err = self.timed_out(what, peer)
+                raise ExecutionError(f"{err} (request {request} to finish)", rank=err.rank, action=what,
+                                     global_rank=err.global_rank)
             time.sleep(min(self.poll_s, 0.005))
 
     def wait(self, work: dist.Work, what: str, peer: int | None) -> None:
@@ -203,6 +207,8 @@ class Watchdog:
                 self._check(what, peer, deadline)
                 continue
             except Exception as exc:  # the transfer itself failed: usually the peer went away
+                if _timed_out(exc):  # the process group's own timeout (the same timeout_s) fired first
+                    raise self.timed_out(what, peer) from exc
                 cause = self.failure_notice() or f"{self.label} {peer} stopped responding ({type(exc).__name__}: {exc})"
                 raise ExecutionError(f"{self.label} {self.rank} gave up at {what}: {cause}",
                                      rank=peer, action=what, global_rank=self._global(peer)) from exc
@@ -218,6 +224,8 @@ class Watchdog:
         try:
             work.wait()
         except Exception as exc:
+            if _timed_out(exc):
+                raise self.timed_out(what, peer) from exc
             cause = self.failure_notice() or f"{self.label} {peer} stopped responding ({type(exc).__name__}: {exc})"
             raise ExecutionError(f"{self.label} {self.rank} gave up at {what}: {cause}", rank=peer, action=what,
                                  global_rank=self._global(peer)) from exc
@@ -228,9 +236,38 @@ class Watchdog:
             raise ExecutionError(f"{self.label} {self.rank} stopped at {what} because {notice}", action=what,
                                  global_rank=culprit)
         if time.monotonic() > deadline:
-            raise ExecutionError(
-                f"{self.label} {self.rank} timed out after {self.timeout_s:g}s at {what} waiting for "
-                f"{self.label} {peer}", rank=peer, action=what, global_rank=self._global(peer))
+            raise self.timed_out(what, peer)
+
+    def _waits_key(self, global_rank: int) -> str:
+        return self.key.replace("/failed", f"/waits/{global_rank}")
+
+    def timed_out(self, what: str, peer: int | None) -> ExecutionError:
+        """The error of a wait for ``peer`` past its deadline. Ranks behind a hung one time out too, at
+        about the same time: each says in the store whom it waited for, gives the others ``grace`` to
+        say the same, then follows the chain (this rank waited for P, P for Q, Q for nobody: Q is at
+        fault) or takes a failure notice posted meanwhile."""
+        blame, suspect = peer, self._global(peer)
+        if self.store is not None and self.me_global is not None and suspect is not None:
+            try:
+                self.store.set(self._waits_key(self.me_global), str(suspect))
+                time.sleep(min(self.timeout_s / 4, max(10 * self.poll_s, 0.1)))
+                culprit, notice = self._notice()
+                if notice is not None:
+                    return ExecutionError(f"{self.label} {self.rank} stopped at {what} because {notice}", action=what,
+                                          global_rank=culprit)
+                seen = {self.me_global}
+                while suspect not in seen and self.store.check([self._waits_key(suspect)]):
+                    seen.add(suspect)
+                    suspect = int(self.store.get(self._waits_key(suspect)).decode())
+                if suspect in seen:  # a cycle: the ranks wait for each other, none is known to be at fault
+                    suspect = self._global(peer)
+                if suspect != self._global(peer) and self.global_ranks is not None and suspect in self.global_ranks:
+                    blame = self.global_ranks.index(suspect)
+            except Exception:  # the store is a best effort here: blame the peer
+                blame, suspect = peer, self._global(peer)
+        via = "" if blame == peer else f" (which waited for {self.label} {blame})"
+        return ExecutionError(f"{self.label} {self.rank} timed out after {self.timeout_s:g}s at {what} waiting for "
+                              f"{self.label} {peer}{via}", rank=blame, action=what, global_rank=suspect)
 
 
 class WorkWatch:
@@ -240,10 +277,17 @@ class WorkWatch:
     transfer, so it cannot notice a fault there: it calls :meth:`check` between actions and while it
     waits for the device (:meth:`.device_order.StreamOps.host_wait`), which raises what the thread
     found. ``Work.is_completed()`` is a non-blocking query of the work's end event; the process group's
-    own timeout (the same ``timeout_s``) stays in force underneath."""
+    own timeout (the same ``timeout_s``) stays in force underneath.
 
-    def __init__(self, watchdog: Watchdog):
+    ``select_device``: called first on the thread (``torch.cuda.set_device`` / ``torch.npu.set_device``
+    for the rank's device), as torch's own watchdog and torch_npu's do: querying an event from a thread
+    whose current device is another creates a context there (CUDA) or fails the query (NPU). A work
+    that completed with an error (``is_completed()`` is true for it: NCCL/HCCL set the error and mark
+    it done) is reported at once, naming the peer of that transfer."""
+
+    def __init__(self, watchdog: Watchdog, *, select_device: Callable[[], None] | None = None):
         self.dog = watchdog
+        self.select_device = select_device
         self._lock = threading.Lock()
         self._works: dict[int, tuple] = {}  # posting number -> (work, what, peer, deadline)
         self._posted = 0
@@ -273,6 +317,13 @@ class WorkWatch:
             self._thread.join(timeout=max(1.0, 4 * self.dog.poll_s))
 
     def _loop(self) -> None:
+        if self.select_device is not None:
+            try:
+                self.select_device()
+            except Exception as exc:  # noqa: BLE001 -- reported on the rank's thread
+                self.error = ExecutionError(f"{self.dog.label} {self.dog.rank}'s watchdog could not select its "
+                                            f"device ({type(exc).__name__}: {exc})")
+                return
         while self.error is None and not self._stop.wait(self.dog.poll_s):
             try:
                 self.scan()
@@ -297,15 +348,27 @@ class WorkWatch:
                                      f"stopped responding ({type(exc).__name__}: {exc})", rank=peer, action=what,
                                      global_rank=self.dog._global(peer)) from exc
             if done:
+                failure = work_error(work)
+                if failure is not None and _timed_out(failure):
+                    raise self.dog.timed_out(what, peer)  # the process group's own clock: as a vpp deadline
+                if failure is not None:
+                    raise ExecutionError(f"{self.dog.label} {self.dog.rank} gave up at {what}: the transfer with "
+                                         f"{self.dog.label} {peer} failed ({type(failure).__name__}: {failure})",
+                                         rank=peer, action=what, global_rank=self.dog._global(peer))
                 with self._lock:
                     self._works.pop(n, None)
             elif now > deadline:
-                raise ExecutionError(f"{self.dog.label} {self.dog.rank} timed out after {self.dog.timeout_s:g}s at "
-                                     f"{what} waiting for {self.dog.label} {peer}", rank=peer, action=what,
-                                     global_rank=self.dog._global(peer))
+                raise self.dog.timed_out(what, peer)
 
 
-_ROUNDS: dict[tuple[int, ...], itertools.count] = {}  # per set of members: they all make the same sequence of calls
+def _timed_out(exc: BaseException) -> bool:
+    """A transfer's error that is the process group's own timeout (gloo: "Timed out waiting ...",
+    NCCL: "Watchdog caught collective operation timeout"): reported as vpp's deadline is."""
+    text = str(exc).lower()
+    return "timed out" in text or "timeout" in text
+
+
+_ROUNDS: dict[tuple, itertools.count] = {}  # per (members, caller): they all make the same sequence of calls
 
 
 def rendezvous(what: str, me: int, world, *, timeout_s: float, poll_s: float = 0.01) -> None:
@@ -314,7 +377,7 @@ def rendezvous(what: str, me: int, world, *, timeout_s: float, poll_s: float = 0
     for at most ``timeout_s``; then raise :class:`ExecutionError` naming the global ranks that did not
     come (``global_rank`` = the first of them). A no-op without a process group or its store."""
     members = tuple(range(world)) if isinstance(world, int) else tuple(world)
-    n = next(_ROUNDS.setdefault(members, itertools.count()))
+    n = next(_ROUNDS.setdefault((members, me), itertools.count()))  # me: ranks as threads of one process count apart
     store = default_store()
     if store is None or len(members) <= 1:
         return
@@ -339,6 +402,6 @@ def rendezvous(what: str, me: int, world, *, timeout_s: float, poll_s: float = 0
 
 
 __all__ = [
-    "DaemonExecutor", "ExecutionError", "POLLABLE_BACKENDS", "Watchdog", "WorkWatch", "default_store",
-    "polls_completion", "rendezvous",
+    "DaemonExecutor", "ExecutionError", "POLLABLE_BACKENDS", "Watchdog", "WorkWatch", "abort_groups",
+    "default_store", "polls_completion", "rendezvous", "work_error",
 ]

@@ -27,6 +27,13 @@ class EmulatedOps:
 
     def __init__(self, device: EmulatedDevice, rank: int, groups: ParallelGroups):
         self.device, self.rank, self.groups = device, rank, groups
+        self.store = device.store  # the ranks' shared key-value store (failure notices)
+
+    def select_device(self, *, host: bool = False) -> None:
+        self.device.select_device(self.rank, host=host)
+
+    def abort(self) -> None:
+        self.device.abort(self.rank)
 
     def _channel(self, group: Group) -> str:
         return "up" if group is self.groups.pp_up and group is not self.groups.pp else "down"
@@ -39,6 +46,18 @@ class EmulatedOps:
 
     def order_after(self, work: _Work) -> None:
         work.wait()
+
+    @property
+    def fuses(self) -> bool:
+        """Batch a step's transfers where a group has one stream (as :func:`~vpp.runtime.device_order.stream_ops_for`)."""
+        return self.device.streams != "pair" if self.fuse is None else self.fuse
+
+    fuse: bool | None = None  # None: follow the stream model; True/False: force (the benchmark's comparison)
+
+    def batch(self, items, group: Group) -> list[_Work]:
+        channel = self._channel(group)
+        return self.device.post_batch(self.rank, [(kind, t, peer, channel, f"{kind} {self.rank}{'>' if kind == 'send' else '<'}{peer}")
+                                                  for kind, t, peer in items])
 
     def mark(self) -> _Event:
         return _Event(self.device, self.device.marker(self.rank, "event"))
@@ -106,13 +125,15 @@ class EmulatedRun:
     rank): ``stages[rank][stage]`` are the :class:`EmulatedStage` modules (replaceable before
     :meth:`run`). ``warm``: set up every pair communicator before the run (as
     :class:`~vpp.runtime.pipeline.Pipeline` does); ``host_waits``: use :class:`HostWaitingOps` (the path issue 19
-    replaced); ``timeout_s``: the executor's (its watchdog's) timeout."""
+    replaced); ``timeout_s``: the executor's (its watchdog's) timeout; ``streams``: the device's stream
+    model (:class:`~.emulated_device.EmulatedDevice`); ``fuse``: batch each step's transfers (default:
+    where the stream model has one stream per group or rank, as the real ops decide)."""
 
     def __init__(self, plan: Plan, cost, *, hidden: int = 16, vocab: int = 8, warm: bool = True,
-                 host_waits: bool = False, timeout_s: float = 60.0):
+                 host_waits: bool = False, timeout_s: float = 60.0, streams: str = "pair", fuse: bool | None = None):
         n, layout = plan.num_ranks, plan.layout
         self.plan, self.warm, self.timeout_s = plan, warm, timeout_s
-        self.device = EmulatedDevice(n, cost, timeout_s=3 * timeout_s + 5)
+        self.device = EmulatedDevice(n, cost, timeout_s=3 * timeout_s + 5, pg_timeout_s=timeout_s, streams=streams)
         self.groups = [_groups(n, r) for r in range(n)]
         self.stages, self.infos = [], []
         for r in range(n):
@@ -124,6 +145,8 @@ class EmulatedRun:
                                                       for st in mine.values()), None, None, None, "emulated"))
         kind = HostWaitingOps if host_waits else EmulatedOps
         self.ops = [kind(self.device, r, self.groups[r]) for r in range(n)]
+        for o in self.ops:
+            o.fuse = fuse
 
     def run(self) -> EmulationResult:
         plan, n, device = self.plan, self.plan.num_ranks, self.device
@@ -134,6 +157,7 @@ class EmulatedRun:
 
         def rank_main(r: int) -> None:
             try:
+                self.ops[r].select_device(host=True)  # as init_distributed does on the rank's thread
                 if self.warm:
                     warm_pair_communicators(self.groups[r], _peers(plan, r), self.ops[r])
                 if barrier.wait() == 0:

@@ -13,9 +13,9 @@ where torch implements it too). ``torch._grouped_mm`` has a fused kernel only fo
 (torch >= 2.9); elsewhere it falls back to a loop that copies the offsets to the host for every expert
 GEMM (and torch < 2.9 raises for fp32), so :func:`choose_expert_gemm` refuses float32 experts on CUDA
 with one line (use bf16, the default on accelerators) and runs other 16-bit cases with the per-expert
-loop (one host read of the counts per layer and chunk, with a warning). "alltoall" dispatch needs its split sizes on the host (the collective
-takes them as lists): one host synchronisation per layer on every device, a reason more to keep the
-default "allreduce".
+loop (one host read of the counts per layer and chunk, with a warning). "alltoall" dispatch with the
+grouped GEMM exchanges fixed-capacity blocks (:meth:`vpp.transformer.moe.MoE._forward_alltoall_fixed`),
+so it reads no split size on the host either; with the loop (CPU) it takes them as host lists.
 """
 
 from __future__ import annotations

@@ -17,7 +17,12 @@ attention's all-reduce), and so is the output.
   T), sends a copy of each (token, expert) pair to the expert's owner (per-expert counts are
   exchanged first), the owners compute and send results back, r combines them with the routing
   weights and adds the shared expert (sharded over etp like the routed ones, on r's slice), the
-  slice is reduced over etp and all-gathered over ep.
+  slice is reduced over etp and all-gathered over ep. With the grouped expert GEMM (CUDA, NPU) the
+  all-to-alls are fixed-capacity (:meth:`MoE._forward_alltoall_fixed`): every rank sends every peer a
+  block of ``ceil(T/ep) k`` rows (the most it could route there), the pairs' places and local expert
+  ids computed on the device, so the host never reads a count (the ragged all-to-all takes its split
+  sizes as host lists: one host wait per layer and chunk); the price is up to ep x the rows on the
+  wire. On CPU, where a host read is free, the ragged exchange stays (the reference).
 
 Which is cheaper: "allreduce", here and (expected) at TP8 on NVLink/HCCS. ``benchmarks/moe_dispatch.py``
 (2 gloo ranks x 1 thread, tp = ep = 2, k = 4; ``benchmarks/results/moe_dispatch.md``) measures
@@ -150,6 +155,8 @@ class MoE(nn.Module):
         return tokens, y.mul_(weights.flatten()[order].unsqueeze(1))
 
     def _forward_alltoall(self, x: torch.Tensor) -> torch.Tensor:
+        if self.experts.backend(x.device) != "loop":
+            return self._forward_alltoall_fixed(x)
         ep, k = self.groups.ep, self.cfg.top_k
         sizes = token_split(x.shape[0], ep.size)
         start = sum(sizes[:ep.rank])
@@ -168,6 +175,42 @@ class MoE(nn.Module):
         y = self.experts(rows, received.flatten().tolist(), list(range(self.num_local)) * ep.size)  # host list, as above
         y = all_to_all(y, ep, recv_splits, send_splits).mul_(weights.flatten()[order].unsqueeze(1))
         out = torch.zeros_like(mine).index_add_(0, tokens, y.to(x.dtype))
+        if self.shared_experts is not None:
+            out += self.shared_experts(mine)
+        out = reduce_from_tp(out, self.groups.etp)
+        return gather_rows(out, sizes, ep)
+
+    def _forward_alltoall_fixed(self, x: torch.Tensor) -> torch.Tensor:
+        """"alltoall" with fixed-capacity exchanges: every shape follows from T, nothing is read on the
+        host (see the module docstring). Pair p of this rank (sorted by expert, so grouped by owner)
+        goes to row ``owner * cap + its place among the owner's pairs``; its local expert id travels
+        beside it (``num_local`` marks an empty row, which sorts after every expert and is zeroed)."""
+        ep, k, n_local = self.groups.ep, self.cfg.top_k, self.num_local
+        sizes = token_split(x.shape[0], ep.size)
+        start = sum(sizes[:ep.rank])
+        mine = x[start:start + sizes[ep.rank]]
+        weights, ids = self.gate(mine)
+        cap, flat = max(sizes) * k, ids.flatten()
+        order = torch.argsort(flat, stable=True)
+        expert = flat[order]
+        owner = torch.div(expert, n_local, rounding_mode="floor")
+        counts = torch.bincount(owner, minlength=ep.size)
+        place = torch.arange(flat.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[owner]
+        dest = owner * cap + place
+        rows = mine.new_zeros((ep.size * cap, mine.shape[1]))
+        rows[dest] = mine.index_select(0, order // k)
+        local = torch.full((ep.size * cap, 1), n_local, dtype=flat.dtype, device=x.device)
+        local[dest, 0] = expert - owner * n_local
+        even = [cap] * ep.size
+        rows, local = all_to_all(rows, ep, even, even), all_to_all(local, ep, even, even).squeeze(1)
+        by_expert = torch.argsort(local, stable=True)
+        ends = torch.searchsorted(local[by_expert], torch.arange(n_local, device=x.device, dtype=local.dtype),
+                                  right=True)
+        y = torch.empty_like(rows)
+        y[by_expert] = self.experts.grouped(rows.index_select(0, by_expert), ends)
+        y.masked_fill_((local == n_local).unsqueeze(1), 0.0)  # empty rows: no expert ran them
+        y = all_to_all(y, ep, even, even)[dest].mul_(weights.flatten()[order].unsqueeze(1))
+        out = torch.zeros_like(mine).index_add_(0, order // k, y.to(x.dtype))
         if self.shared_experts is not None:
             out += self.shared_experts(mine)
         out = reduce_from_tp(out, self.groups.etp)
