@@ -27,6 +27,7 @@ TINY = {  # script -> the test that runs it small, or why no tiny run is here
     "benchmarks/beyond_paper.py": PAPER_SCALE,
     "benchmarks/checkpoint_reads.py": "tests/test_results_fresh.py::test_checkpoint_reads_reproduce_the_committed_bytes",
     "benchmarks/cp_compare.py": "tests/test_results_fresh.py (the committed report regenerated)",
+    "benchmarks/cp_runs.py": "tests/benchmarks/test_cp_runs.py::test_cp_runs_small",
     "benchmarks/cpu_regression.py": SPAWNS,
     "benchmarks/decode_speed.py": "tests/benchmarks/test_disaggregation_bench.py::test_decode_speed_quick",
     "benchmarks/device_check.py": "tests/benchmarks/test_device_check.py::test_device_check_dry_run",

@@ -89,6 +89,8 @@ def test_the_serialising_setup_is_said_once_in_one_line(monkeypatch):
     groups = ParallelGroups(GridSizes(2, pp=2), 0, Group.single(), pp, Group.single(), Group.single(),
                             Group.single(), Accelerator("npu", "hccl"), torch.device("cpu"), pp_up=pp)
     said = _Lines()  # on the logger itself: the suite's other tests may stop vpp's loggers propagating
+    monkeypatch.setattr(device_order.log, "disabled", False)  # or disable them (logging.config), or raise
+    monkeypatch.setattr(device_order.log, "level", logging.WARNING)  # their level: this logger says its line
     device_order.log.addHandler(said)
     try:
         first, second = device_order.stream_ops_for(groups), device_order.stream_ops_for(groups)
