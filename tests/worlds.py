@@ -115,7 +115,13 @@ class World:
         self.seq += 1
         for q in self.tasks:
             q.put((self.seq, fn, args))
-        return self._collect(self.seq, timeout, what=getattr(fn, "__qualname__", repr(fn)))
+        try:
+            return self._collect(self.seq, timeout, what=getattr(fn, "__qualname__", repr(fn)))
+        except RankFailure:
+            raise
+        except BaseException:  # interrupted (Ctrl-C, pytest-timeout) while the ranks run the case: stop them
+            self.close()
+            raise
 
     def _collect(self, seq: int, timeout: float, what: str) -> list[Any]:
         deadline = time.monotonic() + timeout
