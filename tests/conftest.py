@@ -3,7 +3,8 @@
 * Tiers: ``python -m pytest -m "not slow"`` is the fast inner loop (pure and single-process tests);
   every test that starts a process (spawned ranks, torchrun, a subprocess) is marked ``slow``. A test
   that is not marked slow and starts one fails, naming the mark it needs.
-* Nothing is left behind: after each test, no child process of this one may still run.
+* Nothing is left behind: after each test, no child process of this one may still run (the ranks of
+  the session's persistent worlds excepted: ``worlds`` below, tests/worlds.py, ended at session end).
 * Hermetic caches: matplotlib gets a configuration/cache directory of the session's own, and its font
   cache is built once before any test (building it runs ``fc-list``, a process, which the rule above
   would refuse in whichever fast test happened to import matplotlib first).
@@ -19,6 +20,8 @@ import tempfile
 import time
 
 import pytest
+
+from tests.worlds import LIVE, Worlds
 
 
 def _children() -> set[int]:
@@ -41,6 +44,8 @@ def _children() -> set[int]:
             except OSError:
                 continue
             if b"resource_tracker" in cmd:  # multiprocessing's one shared helper, not a rank
+                continue
+            if int(entry) in LIVE:  # a persistent world's rank (tests/worlds.py): the session ends it
                 continue
             out.add(int(entry))
     except FileNotFoundError:
@@ -72,6 +77,15 @@ def _resource_tracker(request):
         from multiprocessing import resource_tracker
         resource_tracker.ensure_running()
     yield
+
+
+@pytest.fixture(scope="session")
+def worlds():
+    """Persistent gloo worlds, one per size (tests/worlds.py): ``worlds.run(size, fn, *args, timeout=...)``
+    runs ``fn(rank, size, *args)`` on ranks spawned once per session. Only for slow tests."""
+    pool = Worlds()
+    yield pool
+    pool.close()
 
 
 @pytest.fixture(autouse=True)

@@ -84,8 +84,8 @@ def _guarded_rank(rank, world, model):
 
 
 @pytest.mark.slow
-def test_ranks_allocate_on_their_device_and_use_its_backend():
-    results = run_distributed(_guarded_rank, 2, "tiny-glm", timeout=240)
+def test_ranks_allocate_on_their_device_and_use_its_backend(worlds):
+    results = worlds.run(2, _guarded_rank, "tiny-glm", timeout=240)
     for facts in results:
         assert facts["device"] == "cpu" and facts["backend"] == "gloo"
         assert "the process group runs 'gloo', but device 'cuda' needs 'nccl'" in facts["mismatch"]

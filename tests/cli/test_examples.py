@@ -60,13 +60,21 @@ def test_generate_example_decodes_two_prompts():
     assert all(len(r[2].split(",")) == 4 for r in rows), out
 
 
-def test_generate_command_json_and_stream():
+GENERATE = ["generate", "--seq-len", "48", "--chunk-size", "16", "--max-new-tokens", "4", "--json", "--schedule", "vpp"]
+
+
+@pytest.fixture(scope="module")
+def generated():
+    """`vpp generate --json` on spawned ranks, once: read by the two tests below."""
     import json
-    out = _run("-m", "vpp", "generate", "--seq-len", "64", "--chunk-size", "16", "--max-new-tokens", "5", "--json")
-    d = json.loads(out)
-    assert len(d["prompt_ids"]) == 64 and len(d["generated_ids"]) == 5 and d["ttft_s"] > 0
+    return json.loads(_run("-m", "vpp", *GENERATE))
+
+
+def test_generate_command_json_and_stream(generated):
+    d = generated
+    assert len(d["prompt_ids"]) == 48 and len(d["generated_ids"]) == 4 and d["ttft_s"] > 0
     assert d["time_per_output_token_s"] > 0
-    streamed = _run("-m", "vpp", "generate", "--seq-len", "64", "--chunk-size", "16", "--max-new-tokens", "5",
+    streamed = _run("-m", "vpp", "generate", "--seq-len", "48", "--chunk-size", "16", "--max-new-tokens", "4",
                     "--schedule", "cpp")
     assert streamed.split() == [str(t) for t in d["generated_ids"]]  # same greedy tokens, ids streamed
 
@@ -85,12 +93,10 @@ def test_example_runs_an_fp8_checkpoint_on_a_text_prompt(tmp_path):
     assert re.search(rf"first generated token: {int(ref.argmax())};", out), out
 
 
-def test_generate_under_torchrun_matches_spawned_ranks():
-    args = ["generate", "--seq-len", "48", "--chunk-size", "16", "--max-new-tokens", "4", "--json",
-            "--schedule", "vpp"]
+def test_generate_under_torchrun_matches_spawned_ranks(generated):
     import json
-    spawned = json.loads(_run("-m", "vpp", *args))
-    out = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "vpp", *args)
+    spawned = generated
+    out = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "vpp", *GENERATE)
     launched = json.loads(out.strip().splitlines()[-1])  # global rank 0 prints the object
     assert launched["generated_ids"] == spawned["generated_ids"] and launched["prompt_ids"] == spawned["prompt_ids"]
 

@@ -110,12 +110,11 @@ def _cache_bytes_per_token(cfg: dict, tp: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def world_results(references, tmp_path_factory):
-    from vpp.parallel import run_distributed
+def world_results(references, tmp_path_factory, worlds):
     _, prompt, refs = references
     cases = {name: path for name, (path, _, _) in refs.items()}
     kv_root = tmp_path_factory.mktemp("kv")
-    per_rank = run_distributed(_world, 4, cases, prompt, str(kv_root), timeout=900)
+    per_rank = worlds.run(4, _world, cases, prompt, str(kv_root), timeout=900)
     merged = {}
     for r in per_rank:
         merged.update({k: v for k, v in r.items() if v is not None})

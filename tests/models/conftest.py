@@ -31,10 +31,9 @@ def fp8_cases(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tp2_results(hf_cases, fp8_cases):
-    """Every TP = 2 check, from one spawned run of two ranks (see tests/models/tp2.py)."""
+def tp2_results(hf_cases, fp8_cases, worlds):
+    """Every TP = 2 check, from one case on the session's world of two ranks (see tests/models/tp2.py)."""
     from tests.models.tp2 import run_checks
-    from vpp.parallel import run_distributed
-    results = run_distributed(run_checks, 2, list(hf_cases.values()), list(fp8_cases.values()), timeout=300)
+    results = worlds.run(2, run_checks, list(hf_cases.values()), list(fp8_cases.values()), timeout=300)
     assert results[0].keys() == results[1].keys()
     return results

@@ -10,7 +10,7 @@ import torch
 
 from vpp.parallel import (
     all_to_all, exchange, gather_from_tp, initialize_model_parallel, irecv, isend, reduce_from_tp,
-    run_distributed, scatter_to_tp,
+    scatter_to_tp,
 )
 from vpp.parallel.comm import exchange_counts
 from vpp.parallel.device import get_accelerator, npu_available
@@ -68,24 +68,24 @@ def _grid_on_four(rank, world_size):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_tp_verbs(world):
-    assert all(run_distributed(_tp_verbs, world, timeout=60))
+def test_tp_verbs(world, worlds):
+    assert all(worlds.run(world, _tp_verbs, timeout=60))
 
 
 @pytest.mark.slow
-def test_all_to_all_native_and_fallback_agree_on_uneven_splits():
-    assert all(run_distributed(_all_to_all_both_ways, 3, timeout=60))
+def test_all_to_all_native_and_fallback_agree_on_uneven_splits(worlds):
+    assert all(worlds.run(3, _all_to_all_both_ways, timeout=60))
 
 
 @pytest.mark.slow
-def test_two_ranks_that_both_send_first_do_not_deadlock():
+def test_two_ranks_that_both_send_first_do_not_deadlock(worlds):
     # separate directional groups exist (the V's two comm groups)
-    assert all(run_distributed(_both_send_first, 2, timeout=60))
+    assert all(worlds.run(2, _both_send_first, timeout=60))
 
 
 @pytest.mark.slow
-def test_initialize_model_parallel_places_ranks_on_the_grid():
-    out = run_distributed(_grid_on_four, 4, timeout=60)
+def test_initialize_model_parallel_places_ranks_on_the_grid(worlds):
+    out = worlds.run(4, _grid_on_four, timeout=60)
     assert out[0] == ((0, 1), (0, 2), (0, 1), 0, 0)
     assert out[3] == ((2, 3), (1, 3), (2, 3), 1, 1)
 

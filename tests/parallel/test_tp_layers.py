@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from vpp.parallel import (
     ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding,
-    initialize_model_parallel, load_state, run_distributed,
+    initialize_model_parallel, load_state,
 )
 from vpp.parallel.groups import Group
 
@@ -74,8 +74,8 @@ def _check_layers(rank, world_size):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2, 4])
-def test_tp_layers_match_dense_reference(tp):
-    assert run_distributed(_check_layers, tp, timeout=120) == [tp] * tp
+def test_tp_layers_match_dense_reference(tp, worlds):
+    assert worlds.run(tp, _check_layers, timeout=120) == [tp] * tp
 
 
 def test_shape_errors_carry_the_numbers_without_a_process_group():

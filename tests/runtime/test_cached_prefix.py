@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vpp.models.registry import open_model
-from vpp.parallel import ParallelGroups, initialize_model_parallel, run_distributed
+from vpp.parallel import ParallelGroups, initialize_model_parallel
 from vpp.schedules import make_layout
 from vpp.schedules.dcpp import DcppPlanner
 from vpp.runtime import Pipeline
@@ -58,12 +58,12 @@ def _run(rank, world):
 
 
 @pytest.mark.slow
-def test_cached_prefix_equals_a_full_forward():
+def test_cached_prefix_equals_a_full_forward(worlds):
     model = open_model("tiny-qwen")
     ids = _prompt(model.config["vocab_size"])
     full = model.build((0, model.num_layers), ParallelGroups.single())
     ref = full(ids, 0, 0, last_token_only=True)[-1]
-    results = run_distributed(_run, 2, timeout=300)
+    results = worlds.run(2, _run, timeout=300)
     for schedule in ("vpp-async", "dcpp"):
         for how in ("left", "imported"):
             logits = {**results[0][(schedule, how)][0], **results[1][(schedule, how)][0]}

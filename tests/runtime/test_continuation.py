@@ -62,9 +62,8 @@ def _run(rank, world, cases, first, more):
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(tmp_path_factory, worlds):
     from tests.models.hf_tiny import model
-    from vpp.parallel import run_distributed
 
     first, more = _prompts()
     root = tmp_path_factory.mktemp("continuation")
@@ -81,7 +80,7 @@ def results(tmp_path_factory):
             turn1 = greedy(first)
             turn2 = greedy(torch.cat([first, torch.tensor(turn1), more]))
             refs[model_type] = (turn1, turn2, m(first[None]).logits[0, -1])
-    return refs, run_distributed(_run, 2, cases, first, more, timeout=600)
+    return refs, worlds.run(2, _run, cases, first, more, timeout=600)
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)

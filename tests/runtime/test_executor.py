@@ -85,29 +85,29 @@ CASES_PP2 = [
 ]
 
 
-def test_pp2_every_schedule_matches_the_reference():
-    results = run_distributed(_run_cases, 2, 1, 2, CASES_PP2, timeout=120)
+def test_pp2_every_schedule_matches_the_reference(worlds):
+    results = worlds.run(2, _run_cases, 1, 2, CASES_PP2, timeout=120)
     _check(results, CASES_PP2, 2)
 
 
 @pytest.mark.parametrize("pp", [3, 4])
-def test_deeper_pipelines_match_the_reference(pp):
+def test_deeper_pipelines_match_the_reference(pp, worlds):
     cases = [("cpp", "loop", 2 * pp + 1, None, [23], 4),
              ("vpp", "v", 2 * pp + 1, None, [23], 4),
              ("vpp-async", "v", 2 * pp + 1, None, [23], 4)]
-    results = run_distributed(_run_cases, pp, 1, pp, cases, timeout=120)
+    results = worlds.run(pp, _run_cases, 1, pp, cases, timeout=120)
     _check(results, cases, pp)
 
 
-def test_tensor_and_pipeline_parallel_together():
+def test_tensor_and_pipeline_parallel_together(worlds):
     cases = [("vpp-async", "v", 4, None, [19], 4), ("cpp", "loop", 4, None, [19], 4)]
-    results = run_distributed(_run_cases, 4, 2, 2, cases, timeout=120)
+    results = worlds.run(4, _run_cases, 2, 2, cases, timeout=120)
     _check(results, cases, 2)
 
 
-def test_pp1_runs_locally():
+def test_pp1_runs_locally(worlds):
     cases = [("cpp", "loop", 3, None, [11], 4), ("vpp", "v", 3, None, [11], 4)]
-    results = run_distributed(_run_cases, 1, 1, 1, cases, timeout=60)
+    results = worlds.run(1, _run_cases, 1, 1, cases, timeout=60)
     _check(results, cases, 1)
 
 
@@ -221,8 +221,8 @@ def _bad_input(rank, world, what):
     ("prompt list", r"prompt 1 must be a 1-D tensor of token ids or a non-empty list of ints; got str"),
     ("float prompt", r"prompt must hold integer token ids, got torch.float32"),
 ])
-def test_bad_input_is_a_clear_error_on_every_rank(what, message):
-    results = run_distributed(_bad_input, 2, what, timeout=60)
+def test_bad_input_is_a_clear_error_on_every_rank(what, message, worlds):
+    results = worlds.run(2, _bad_input, what, timeout=60)
     for got in results:
         assert pytest.importorskip("re").search(message, got), got
     assert results[0] == results[1]
@@ -236,8 +236,8 @@ def _wrong_world(rank, world):
     return "no error"
 
 
-def test_world_size_that_does_not_match_tp_pp():
-    assert run_distributed(_wrong_world, 2, timeout=60) == ["tp=2 * pp=2 = 4 does not divide world_size=2"] * 2
+def test_world_size_that_does_not_match_tp_pp(worlds):
+    assert worlds.run(2, _wrong_world, timeout=60) == ["tp=2 * pp=2 = 4 does not divide world_size=2"] * 2
 
 
 class _WrongWidth(ToyStage):
@@ -275,10 +275,10 @@ def _live_sends(rank, world, chunks):
     return out
 
 
-def test_send_buffers_are_bounded_by_the_sends_in_flight_not_the_chunks():
+def test_send_buffers_are_bounded_by_the_sends_in_flight_not_the_chunks(worlds):
     """Holding every send until the plan ends keeps one buffer per chunk (64 here); freeing each as it
     completes keeps only those in flight: a few (1-6 observed on 2 loaded cores), whatever the chunks."""
-    results = run_distributed(_live_sends, 2, (8, 64), timeout=120)
+    results = worlds.run(2, _live_sends, (8, 64), timeout=120)
     for rank, per_chunks in enumerate(results):
         live, sends = per_chunks[64]
         assert sends >= 64  # every chunk leaves each rank once

@@ -13,11 +13,11 @@ import torch
 
 from vpp.models import build_stage, model_config, random_checkpoint
 from vpp.models.tiny import TINY_CONFIGS
-from vpp.parallel import ParallelGroups, initialize_model_parallel, run_distributed
+from vpp.parallel import ParallelGroups, initialize_model_parallel
 from vpp.schedules import make_layout
 from vpp.runtime.api import forward_prefill
 
-pytestmark = pytest.mark.slow  # every test here starts processes
+pytestmark = pytest.mark.slow  # every test here runs on spawned ranks (the session's persistent worlds)
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 LENGTH, CHUNK = 45, 8  # 6 chunks, the last ragged (5 tokens)
@@ -71,8 +71,8 @@ def references():
 
 
 @pytest.mark.parametrize("tp, pp", [(1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2)])
-def test_every_family_and_schedule_matches_the_unpipelined_forward(tp, pp, references):
-    results = run_distributed(_run, tp * pp, tp, pp, timeout=600)
+def test_every_family_and_schedule_matches_the_unpipelined_forward(tp, pp, references, worlds):
+    results = worlds.run(tp * pp, _run, tp, pp, timeout=600)
     merged = {}
     for per_rank in results:
         for key, logits in per_rank.items():

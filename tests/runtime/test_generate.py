@@ -115,12 +115,11 @@ def _sampled(pipe, prompt):
 
 
 @pytest.fixture(scope="module")
-def grid_results(references):
-    from vpp.parallel import run_distributed
+def grid_results(references, worlds):
     prompts = next(iter(references.values()))[1]
     out = {}
     for tp, pp in GRIDS:
-        per_rank = run_distributed(_grid_run, tp * pp, tp, pp, _cases(references, pp), prompts, timeout=900)
+        per_rank = worlds.run(tp * pp, _grid_run, tp, pp, _cases(references, pp), prompts, timeout=900)
         out[(tp, pp)] = per_rank[0]  # every rank's results, gathered
     return out
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vpp.models.toy import ToyStage
-from vpp.parallel import initialize_model_parallel, run_distributed
+from vpp.parallel import initialize_model_parallel
 from vpp.runtime.gpipe import gpipe_prefill
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -21,11 +21,11 @@ def _gpipe(rank, world):
     return out, stage.cache_length(0)
 
 
-def test_gpipe_reference_matches_the_unpipelined_model():
+def test_gpipe_reference_matches_the_unpipelined_model(worlds):
     ids = torch.randint(0, 64, (48,), generator=torch.Generator().manual_seed(3))
     ref = ToyStage((0, 5), 5, vocab_size=64)(ids, 0, 0, last_token_only=True)[-1]
     for world in (2, 3):
-        results = run_distributed(_gpipe, world, timeout=60)
+        results = worlds.run(world, _gpipe, timeout=60)
         assert [r[1] for r in results] == [48] * world
         assert all(r[0] is None for r in results[:-1])
         torch.testing.assert_close(results[-1][0], ref, atol=1e-5, rtol=1e-5)

@@ -86,9 +86,8 @@ def _spawned(rank, world, schedule, value):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule, value", [("vpp-async", float("nan")), ("cpp", float("inf"))])
-def test_every_rank_raises_naming_stage_and_layer(schedule, value):
-    from vpp.parallel import run_distributed
-    outs = run_distributed(_spawned, 2, schedule, value, timeout=240)
+def test_every_rank_raises_naming_stage_and_layer(schedule, value, worlds):
+    outs = worlds.run(2, _spawned, schedule, value, timeout=240)
     stage = 1
     for out in outs:  # the same error on both ranks
         msg, got_stage, got_layer = out["prefill"]
@@ -122,9 +121,8 @@ def _decode_inf(rank, world):
 
 
 @pytest.mark.slow
-def test_decode_raises_on_every_rank():
-    from vpp.parallel import run_distributed
-    outs = run_distributed(_decode_inf, 2, timeout=240)
+def test_decode_raises_on_every_rank(worlds):
+    outs = worlds.run(2, _decode_inf, timeout=240)
     assert outs[0] == outs[1] and outs[0] is not None
     msg, stage, what = outs[0]
     assert (stage, what) == (1, "decode") and "in the decode: the output of stage 1 (layers [2, 4))" in msg, msg

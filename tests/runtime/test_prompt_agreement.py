@@ -62,9 +62,8 @@ def _spawned(rank, world):
 
 
 @pytest.mark.slow
-def test_every_rank_raises_on_disagreeing_prompts():
-    from vpp.parallel import run_distributed
-    outs = run_distributed(_spawned, 2, timeout=240)
+def test_every_rank_raises_on_disagreeing_prompts(worlds):
+    outs = worlds.run(2, _spawned, timeout=240)
     a, b = outs
     for key in ("differ", "shorter", "empty", "empty on rank 1"):
         assert a[key] == b[key], key  # the same error on every rank

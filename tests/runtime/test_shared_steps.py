@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vpp.models.registry import open_model
-from vpp.parallel import ParallelGroups, initialize_model_parallel, run_distributed
+from vpp.parallel import ParallelGroups, initialize_model_parallel
 from vpp.schedules import make_layout
 from vpp.schedules.shared_budget import shared_budget_stream
 from vpp.runtime.api import forward_prefill
@@ -39,8 +39,8 @@ def _run(rank, world, model_name):
 
 
 @pytest.mark.slow
-def test_shared_steps_match_each_request_alone_toy():
-    results = run_distributed(_run, 2, "toy", timeout=120)
+def test_shared_steps_match_each_request_alone_toy(worlds):
+    results = worlds.run(2, _run, "toy", timeout=120)
     model = open_model("toy")
     full = model.build((0, model.num_layers), ParallelGroups.single())
     ref = [full(p, q, 0, last_token_only=True)[-1] for q, p in enumerate(_prompts(model.config.get("vocab_size", 512)))]

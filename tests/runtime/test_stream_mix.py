@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from vpp.models.registry import open_model
-from vpp.parallel import initialize_model_parallel, run_distributed
+from vpp.parallel import initialize_model_parallel
 from vpp.schedules import make_layout
 from vpp.schedules.shared_budget import shared_budget_stream
 from vpp.runtime.api import forward_prefill
@@ -109,7 +109,7 @@ def _run(rank, world, path):
 
 
 @pytest.mark.slow
-def test_mixed_streams_match_transformers_per_request(tmp_path):
+def test_mixed_streams_match_transformers_per_request(tmp_path, worlds):
     from tests.models.hf_tiny import VOCAB, model as hf_model  # transformers: only in this process
     hf = hf_model("qwen3_moe", num_hidden_layers=LAYERS)
     hf.save_pretrained(tmp_path)
@@ -124,7 +124,7 @@ def test_mixed_streams_match_transformers_per_request(tmp_path):
                 greedy[q].append(int(hf(ids[None]).logits[0, -1].argmax()))
                 ids = torch.cat([ids, torch.tensor(greedy[q][-1:])])
 
-    results = run_distributed(_run, PP, str(tmp_path), timeout=600)
+    results = worlds.run(PP, _run, str(tmp_path), timeout=600)
     names = [c[0] for c in _cases()] + ["pipeline first stream", "pipeline second stream"]
     for name in names:
         logits = {}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vpp.models.registry import open_model
-from vpp.parallel import ParallelGroups, initialize_model_parallel, run_distributed
+from vpp.parallel import ParallelGroups, initialize_model_parallel
 from vpp.schedules import make_layout, request_done_times
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import forward_dcpp_prefill, profile_planner
@@ -71,20 +71,28 @@ def _check(results, model_name):
 
 
 @pytest.mark.slow
-def test_streams_match_each_request_alone_toy():
-    _check(run_distributed(_stream, 2, "toy", timeout=120), "toy")
+def test_streams_match_each_request_alone_toy(worlds):
+    _check(worlds.run(2, _stream, "toy", timeout=120), "toy")
 
 
 DCPP_LENGTHS = [900, 300]
 
 
 def _dcpp(rank, world, variant):
+    import vpp.runtime.dcpp_profile as dcpp_runtime
+    real_timer = dcpp_runtime.stage_timer
     if variant == "sglang":
         # SGLang refuses a fit whose quadratic term is not positive, and at these sizes (<= 320 tokens
         # of a tiny model) a loaded CPU's noise can outweigh attention's quadratic growth: time the
         # profile with a clean quadratic instead (vLLM-Ascend's run below profiles the real stage).
-        import vpp.runtime.dcpp_profile as dcpp_runtime
         dcpp_runtime.stage_timer = lambda stage, groups, seed=0: (lambda n: 1e-3 + 2e-5 * n + 1e-7 * n * n)
+    try:
+        return _dcpp_run(rank, world, variant)
+    finally:  # the ranks serve later cases (tests/worlds.py): put the real timer back
+        dcpp_runtime.stage_timer = real_timer
+
+
+def _dcpp_run(rank, world, variant):
     groups = initialize_model_parallel(1, world)
     model = open_model("tiny-deepseek")
     prompts = [torch.randint(0, 2048, (n,), generator=torch.Generator().manual_seed(n)) for n in DCPP_LENGTHS]
@@ -98,13 +106,13 @@ def _dcpp(rank, world, variant):
 
 
 @pytest.mark.slow
-def test_dcpp_on_real_ranks_matches_the_reference():
+def test_dcpp_on_real_ranks_matches_the_reference(worlds):
     model = open_model("tiny-deepseek")
     full = model.build((0, model.num_layers), ParallelGroups.single())
     prompts = [torch.randint(0, 2048, (n,), generator=torch.Generator().manual_seed(n)) for n in DCPP_LENGTHS]
     ref = [full(p, q, 0, last_token_only=True)[-1] for q, p in enumerate(prompts)]
     for variant in ("vllm-ascend", "sglang"):
-        results = run_distributed(_dcpp, 2, variant, timeout=300)
+        results = worlds.run(2, _dcpp, variant, timeout=300)
         # every rank planned with the same (broadcast) fit, so the same chunks
         assert results[0][1] == results[1][1] and results[0][2] == results[1][2]
         logits = {**results[0][0], **results[1][0]}
@@ -116,8 +124,8 @@ def test_dcpp_on_real_ranks_matches_the_reference():
 
 
 @pytest.mark.slow
-def test_streams_match_each_request_alone_tiny_deepseek():
-    _check(run_distributed(_stream, 2, "tiny-deepseek", timeout=300), "tiny-deepseek")
+def test_streams_match_each_request_alone_tiny_deepseek(worlds):
+    _check(worlds.run(2, _stream, "tiny-deepseek", timeout=300), "tiny-deepseek")
 
 
 def test_real_stages_declare_their_positions_for_the_prompt_check():

@@ -24,7 +24,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from vpp.parallel import GridSizes, Group, ParallelGroups, initialize_model_parallel, narrowing, run_distributed
+from vpp.parallel import GridSizes, Group, ParallelGroups, initialize_model_parallel, narrowing
 from vpp.config import model_config
 from vpp.models.blocks import build_mlp, moe_config
 from vpp.transformer.moe import DenseMLP, MoE, MoEConfig, gather_rows, token_split
@@ -285,9 +285,9 @@ def test_parity_tp1():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size, eps", [(2, (1, 2)), (4, (1, 2, 4))])
-def test_parity_multi_rank(world_size, eps):
+def test_parity_multi_rank(world_size, eps, worlds):
     cases = _cases()
-    results = run_distributed(_parity_rank, world_size, cases, eps, timeout=180)
+    results = worlds.run(world_size, _parity_rank, cases, eps, timeout=180)
     for i, ep in enumerate(eps):
         per_rank = [r[i] for r in results]
         assert {(r[1], r[2]) for r in per_rank} == {(e, t) for e in range(ep) for t in range(world_size // ep)}
