@@ -282,9 +282,9 @@ def summarize(samples: dict) -> dict:
         ttft = [r["ttft"] for r in runs]
         entry = {"median_s": statistics.median(ttft), "min_s": min(ttft), "max_s": max(ttft),
                  "cpu_s": statistics.median(r["cpu"] for r in runs) if runs[0].get("cpu") is not None else None}
-        base = BASELINE[who]
-        if base:
-            ratios = [a["ttft"] / b["ttft"] for a, b in zip(runs, samples[(model, length, base)])]
+        base_runs = samples.get((model, length, BASELINE[who])) if BASELINE[who] else None
+        if base_runs:  # None: vLLM itself, or a vLLM engine that did not start
+            ratios = [a["ttft"] / b["ttft"] for a, b in zip(runs, base_runs)]
             entry.update(ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
         out[f"{model}/{length}/{who}"] = entry
     return out
@@ -322,6 +322,7 @@ def main(argv=None) -> int:
     samples: dict = {}
     tokens_equal: dict = {}
     idle: dict = {}
+    failed: dict = {}
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="vs_vllm_") as tmp:
         for name in args.models:
@@ -337,12 +338,17 @@ def main(argv=None) -> int:
                 return results.get(timeout=3600)
             try:
                 for pp in (1, 2):
-                    engines[pp] = VllmEngine(python, model_dir, pp, args.chunk, max_len, args.logs)
+                    try:
+                        engines[pp] = VllmEngine(python, model_dir, pp, args.chunk, max_len, args.logs)
+                    except RuntimeError as exc:  # reported, and its contenders left out of the window
+                        failed[f"{name}/vllm-pp{pp}"] = str(exc)
+                        print(f"{name}: vLLM PP{pp} did not start: {exc}", flush=True)
                 world.start()
+                who_runs = [w for w in CONTENDERS if not w.startswith("vllm-pp") or int(w[-1]) in engines]
                 for length in args.lengths:
                     gen = torch.Generator().manual_seed(length)
                     ids = [int(x) for x in torch.randint(2, MODELS[name]["vocab_size"], (length,), generator=gen)]
-                    if length == args.lengths[0]:
+                    if length == args.lengths[0] and 1 in engines:
                         want = engines[1].run(ids, args.tokens)["tokens"]
                         got = vpp("pp1", ids, args.tokens)["tokens"]
                         matching = sum(a == b for a, b in zip(want, got))
@@ -351,10 +357,10 @@ def main(argv=None) -> int:
                     runners = {"vllm-pp1": lambda: engines[1].run(ids), "vllm-pp2": lambda: engines[2].run(ids),
                                "vpp-pp1": lambda: vpp("pp1", ids), "vpp-pp2-cpp": lambda: vpp("cpp", ids),
                                "vpp-pp2-vpp-async": lambda: vpp("vpp-async", ids)}
-                    for who in CONTENDERS:  # one untimed warm-up each, at this length
+                    for who in who_runs:  # one untimed warm-up each, at this length
                         runners[who]()
                     for r in range(args.rounds):
-                        for who in CONTENDERS:
+                        for who in who_runs:
                             others = {pp: cpu_seconds(e.proc.pid) for pp, e in engines.items()}
                             res = runners[who]()
                             for pp, e in engines.items():
@@ -372,11 +378,13 @@ def main(argv=None) -> int:
                     e.close()
     summary = summarize(samples)
     text = render(summary, tokens_equal, idle, args, (load0, os.getloadavg()[0]))
+    if failed:
+        text += "\nDid not start (their rows are missing): " + "; ".join(f"{k}: {v}" for k, v in failed.items()) + "\n"
     print(text)
     if args.out:
         from vpp.safe_write import write_text
         write_text(args.out + ".md", text)
-        write_text(args.out + ".json", json.dumps({"summary": summary, "tokens": tokens_equal, "idle_cpu_s": idle,
+        write_text(args.out + ".json", json.dumps({"summary": summary, "tokens": tokens_equal, "idle_cpu_s": idle, "failed": failed,
                                                     "args": {k: v for k, v in vars(args).items()}}, indent=1))
     return 0
 
