@@ -84,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         args._given = {"--" + k.replace("_", "-"): v for k, v in vars(args).items() if k not in ("_module", "debug")}
         setup_logging()
         module = importlib.import_module(args._module)
-        if hasattr(module, "check"):
-            module.check(args)
+        from vpp.cli.aliasing import reading
+        with reading(args):  # every output path the check accepts is none of the run's inputs
+            if hasattr(module, "check"):
+                module.check(args)
         return int(module.run(args) or 0)
     except UsageError as exc:
         return _fail(exc.prog or prog, str(exc), 2, debug)
