@@ -23,6 +23,9 @@ def open_checked(spec: str, *, tp: int, pp: int, schedules, folds: int = 1, ep: 
     if os.path.isdir(spec):
         _check_files(spec)
     try:
+        if os.path.isdir(spec):  # the config's types and counts against the headers, before anything per layer
+            from vpp.models.model_dir import check_model_dir
+            check_model_dir(spec, dtype="float32")
         model = open_model(spec)
     except (ConfigError, ValueError, OSError) as exc:
         raise UsageError(f"--model {spec}: {exc}") from None
