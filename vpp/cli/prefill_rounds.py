@@ -33,6 +33,7 @@ from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import profile_planner
 
 from vpp.models.run_layout import choose_partition
+from vpp.perf.memory_plan import planned_chunk
 
 log = logging.getLogger(__name__)
 
@@ -165,11 +166,12 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
     say(groups, f"vpp prefill: {cfg.model}, tp={cfg.tp} pp={cfg.pp}, {cfg.seq_len} tokens in chunks of "
                  f"{cfg.chunk_size}; " + "; ".join(f"{s}: {layouts[s].describe()}" for s in cfg.schedules))
     # DCPP's planner is profiled once on the real stages of its mode's profiled rank (start-up profiling)
-    chunking = {s: profile_planner(stages[s], groups, cfg.chunk_size, variant=cfg.dcpp_mode,
+    chunk = planned_chunk(cfg.chunk_size, cfg.seq_len)  # every chunk-sized buffer as the memory plan sized it
+    chunking = {s: profile_planner(stages[s], groups, chunk, variant=cfg.dcpp_mode,
                                    min_chunk=cfg.dcpp_min_chunk).chunk_sizes
                 if strategies.get(s).chunking == "dcpp" else cfg.chunk_size for s in cfg.schedules}
     hidden = stages[cfg.schedules[0]][0].hidden_size
-    transfer_s = measure_transfer(groups, cfg.chunk_size, hidden, dtype)
+    transfer_s = measure_transfer(groups, chunk, hidden, dtype)
     rows = {s: Row(s) for s in cfg.schedules}
     holds_first = {s: 0 in layouts[s].stages_of(groups.pp.rank) for s in cfg.schedules}
     last_logits: dict[str, torch.Tensor | None] = {}

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from vpp.models.registry import open_model, snap_partition
 from vpp.parallel.groups import ParallelGroups
 from vpp.cli.prefill_rounds import gather_all, measure_transfer, replay, say
+from vpp.perf.memory_plan import planned_chunk
 from vpp.schedules import make_layout, strategies, stream_stats, workloads
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import profile_planner
@@ -101,9 +102,10 @@ def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[Me
         layout = make_layout(kind, model.num_layers, groups.pp.size,
                              partition=snap_partition(model.num_layers, n_stages, model.stage_starts))
         stages[name] = model.stages(layout, groups)
-    planner = profile_planner(stages["dcpp"], groups, cfg.chunk_size, variant=cfg.dcpp_mode,
+    chunk = planned_chunk(cfg.chunk_size, max(wl.lengths))  # chunk-sized buffers no larger than a prompt
+    planner = profile_planner(stages["dcpp"], groups, chunk, variant=cfg.dcpp_mode,
                               min_chunk=cfg.dcpp_min_chunk) if "dcpp" in cfg.contenders else None
-    transfer_s = measure_transfer(groups, cfg.chunk_size, stages[cfg.contenders[0]][0].hidden_size,
+    transfer_s = measure_transfer(groups, chunk, stages[cfg.contenders[0]][0].hidden_size,
                                   stages[cfg.contenders[0]][0].dtype)
     rows = {c: MeasuredStream(c) for c in cfg.contenders}
     say(groups, f"stream: {wl.name}, {len(wl.lengths)} requests, {sum(wl.lengths)} tokens, concurrency "
