@@ -247,8 +247,8 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
                         for s, c in chunking.items()}}
     if cfg.check:
         facts["check"] = _check(groups, model, prompt, last_logits, list(rows.values()))
-    if cfg.trace_dir and groups.global_rank == 0:
-        facts["written"] = _write_traces(cfg.trace_dir, traces)
+    if cfg.trace_dir and groups.global_rank == 0:  # written by the report, after the results (an extra)
+        facts["traces"] = traces
     return [rows[s] for s in cfg.schedules], facts
 
 
@@ -291,7 +291,7 @@ def _check(groups: ParallelGroups, model, prompt, last_logits, rows) -> dict:
     return out[0]
 
 
-def _write_traces(directory: str, traces: dict) -> list[str]:
+def write_traces(directory: str, traces: dict) -> list[str]:
     """Write each schedule's measured and simulated traces (JSON, Chrome, PNG); returns the paths."""
     os.makedirs(directory, exist_ok=True)
     written = []
@@ -311,5 +311,5 @@ def _write_traces(directory: str, traces: dict) -> list[str]:
 
 __all__ = [
     "BenchConfig", "Row", "cache_bytes", "chunks_of", "gather_all", "layout_for", "measure_transfer",
-    "replay", "run_bench", "say", "weight_bytes",
+    "replay", "run_bench", "say", "weight_bytes", "write_traces",
 ]
