@@ -149,6 +149,25 @@ def pipeline_of(infos: list[RankInfo], groups: ParallelGroups) -> list[RankInfo]
     return [by_rank[g] for g in groups.pp.ranks]
 
 
+def order_problem(pipeline: list[RankInfo], layout) -> str | None:
+    """Each pipeline rank must list its stage modules in the layout's stage order (the order of their
+    layer ranges): the pipeline pairs the modules with the layout's stages by position, so another order
+    would run each chunk through the wrong layers. The problem, naming the ranks, or None (the same on
+    every rank: every rank holds every rank's descriptor)."""
+    wrong = {}
+    for r, info in enumerate(pipeline):
+        given = [list(st.layer_range) for st in info.stages]
+        expected = [list(layout.stage_layers[s]) for s in layout.stages_of(r)]
+        if given != expected:
+            wrong[r] = (given, expected)
+    if not wrong:
+        return None
+    r, (given, expected) = next(iter(wrong.items()))
+    return (f"pipeline rank(s) {sorted(wrong)} list their stage modules out of stage order: pipeline rank {r} "
+            f"gives layer ranges {given}, the layout's stages on it are {expected}; pass each rank's stages "
+            f"in that order")
+
+
 def first_problem(infos: list[RankInfo]) -> str | None:
     """The first prompt problem any rank found (so every rank raises the same one)."""
     return next((i.prompt_problem for i in infos if i.prompt_problem), None)
@@ -165,5 +184,6 @@ def prompt_lengths(infos: list[RankInfo]) -> tuple[int, ...]:
 
 __all__ = [
     "RankInfo", "StageInfo", "check_prompt", "describe_stage", "disagreement", "exchange", "first_problem",
+    "order_problem",
     "pipeline_of", "plan_digest", "prompt_lengths", "prompts_digest",
 ]

@@ -94,6 +94,9 @@ class Pipeline:
         self.stopped: str | None = None  # why a call stopped in the middle of its transfers (see check_usable)
         self.pipeline = handshake.pipeline_of(infos, groups)
         self.layout: Layout = infer_layout(self.pipeline)
+        problem = handshake.order_problem(self.pipeline, self.layout)
+        if problem:  # every rank holds every descriptor: every rank raises this, before any transfer
+            raise ValueError(problem)
         check_stage_shapes(self.pipeline)
         self.first = next(st for info in self.pipeline for st in info.stages if st.is_first)
         self.last = next(st for info in self.pipeline for st in info.stages if st.is_last)
