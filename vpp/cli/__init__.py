@@ -8,7 +8,9 @@ problems (found before any rank starts) exit 2, failures while running exit 1, C
 (``os._exit``): a transfer stuck in a dead peer would otherwise keep the process alive, and torchrun
 stops the other ranks when one exits; a rank that fails before the ranks start also tells the
 ranks waiting for it at the rendezvous (on other nodes torchrun would not stop them). The arguments
-as given go to ``launch(same=...)``: nodes started with different ones are refused on every rank.
+as given go to ``launch(same=...)``, a model directory as the digest of what it holds
+(:func:`~vpp.cli.checks.loaded_identity`): nodes started with different ones, or whose ``--model`` holds
+another checkpoint, are refused on every rank.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 import traceback
 
 from vpp.cli.args import UsageError
+from vpp.cli.checks import loaded_identity
 from vpp.cli.terminal import setup_logging
 
 # name -> (module, one-line help). Command modules stay light: heavy imports happen inside run().
@@ -88,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         with reading(args):  # every output path the check accepts is none of the run's inputs
             if hasattr(module, "check"):
                 module.check(args)
+        args._given.update(loaded_identity(args))  # nodes agree on what they load, not on its path
         return int(module.run(args) or 0)
     except UsageError as exc:
         return _fail(exc.prog or prog, str(exc), 2, debug)
