@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging()
         module = importlib.import_module(args._module)
         from vpp.cli.aliasing import reading
-        with reading(args):  # every output path the check accepts is none of the run's inputs
+        with reading(args, UsageError):  # every output path the check accepts is none of the run's inputs
             if hasattr(module, "check"):
                 module.check(args)
         args._given.update(loaded_identity(args))  # nodes agree on what they load, not on its path

@@ -54,16 +54,16 @@ def run_inputs(args) -> list[tuple[str, str, bool]]:
 
 
 @contextlib.contextmanager
-def reading(args):
-    """Within: the output checks refuse any of ``args``' inputs (:func:`run_inputs`)."""
+def reading(args, error=ValueError):
+    """Within: the output checks refuse any of ``args``' inputs (:func:`run_inputs`); an output option that
+    is one of them raises ``error`` at once."""
     token = _INPUTS.set(tuple((option, path, folder, identity(path)) for option, path, folder in run_inputs(args)))
     try:
         for dest, folder in OUTPUT_OPTIONS.items():  # at once, before the command's own checks read anything
             value = getattr(args, dest, None)
             problem = isinstance(value, str) and input_problem(value, "--" + dest.replace("_", "-"), folder=folder)
             if problem:
-                from vpp.cli.args import UsageError
-                raise UsageError(problem)
+                raise error(problem)
         yield
     finally:
         _INPUTS.reset(token)
