@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         with reading(args, UsageError):  # every output path the check accepts is none of the run's inputs
             if hasattr(module, "check"):
                 module.check(args)
-        args._given.update(loaded_identity(args))  # nodes agree on what they load, not on its path
+        if _under_torchrun():  # nodes agree on what they load, not on its path
+            args._given.update(loaded_identity(args))
         return int(module.run(args) or 0)
     except UsageError as exc:
         return _fail(exc.prog or prog, str(exc), 2, debug)
