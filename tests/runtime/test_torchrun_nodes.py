@@ -43,14 +43,15 @@ class TwoNodes:
     """Two torchrun launchers (node ranks 0 and 1) running ``python PROGRAM ARGS`` (``-m vpp`` unless
     told) with one rank each."""
 
-    def __init__(self, tmp: Path, args0: list[str], args1: list[str], program: tuple[str, ...] = ("-m", "vpp")):
+    def __init__(self, tmp: Path, args0: list[str], args1: list[str], program: tuple[str, ...] = ("-m", "vpp"),
+                 cwd: tuple[Path, Path] = (ROOT, ROOT)):
         port, self.tmp, self.procs = _free_port(), tmp, []
         for node, args in enumerate((args0, args1)):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                    "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
                    *program, *args]
             with open(tmp / f"out{node}", "w") as out, open(tmp / f"err{node}", "w") as err:
-                self.procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=ENV, cwd=ROOT,
+                self.procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=ENV, cwd=cwd[node],
                                                    start_new_session=True))
 
     def wait(self) -> list[int]:
@@ -88,8 +89,8 @@ def _running(pid: int) -> bool:
 def nodes(tmp_path):
     started: list[TwoNodes] = []
 
-    def start(args0, args1, program=("-m", "vpp")) -> TwoNodes:
-        started.append(TwoNodes(tmp_path, args0, args1, program))
+    def start(args0, args1, program=("-m", "vpp"), cwd=(ROOT, ROOT)) -> TwoNodes:
+        started.append(TwoNodes(tmp_path, args0, args1, program, cwd))
         return started[-1]
     yield start
     for n in started:
@@ -104,6 +105,27 @@ def test_an_argument_that_differs_between_nodes_fails_every_rank_naming_it(nodes
     assert codes[0] != 0 and codes[1] != 0, (run.err(0)[-2000:], run.err(1)[-2000:])
     said = ("vpp prefill: error: global rank(s) [1] of 2 were started with other arguments than global rank 0: "
             "global rank 1 has --seq-len 128 (global rank 0: 64)")
+    for node in (0, 1):
+        assert said in run.err(node), run.err(node)[-2000:]
+
+
+def test_the_same_model_path_holding_other_checkpoints_fails_every_rank_naming_it(nodes, tmp_path):
+    """``--model model`` on both nodes, resolving to checkpoints of the same shapes with other weights.
+    Before: exit 0 with logits off by up to 4.9 (or, with other widths, SIGABRT in gloo naming no model)."""
+    from vpp.models import random_checkpoint, save_checkpoint
+    from vpp.models.safetensors_files import checkpoint_digest
+    from vpp.models.tiny import TINY_CONFIGS
+    cfg = TINY_CONFIGS["tiny-qwen"]
+    for node, seed in (("a", 0), ("b", 1)):
+        save_checkpoint(cfg, random_checkpoint(cfg, seed), tmp_path / node / "model")
+    args = ["prefill", "--model", "model", "--pp", "2", "--seq-len", "32", "--chunk-size", "16", "--repeat", "1",
+            "--no-warmup", "--schedule", "cpp", "--timeout", "30"]
+    run = nodes(args, args, cwd=(tmp_path / "a", tmp_path / "b"))
+    codes = run.wait()
+    assert codes[0] != 0 and codes[1] != 0, (run.err(0)[-2000:], run.err(1)[-2000:])
+    digest = {n: checkpoint_digest(tmp_path / n / "model") for n in "ab"}
+    said = (f"global rank 1 has --model 'model (checkpoint digest {digest['b']})' (global rank 0: 'model "
+            f"(checkpoint digest {digest['a']})')")
     for node in (0, 1):
         assert said in run.err(node), run.err(node)[-2000:]
 

@@ -8,7 +8,9 @@ problems (found before any rank starts) exit 2, failures while running exit 1, C
 (``os._exit``): a transfer stuck in a dead peer would otherwise keep the process alive, and torchrun
 stops the other ranks when one exits; a rank that fails before the ranks start also tells the
 ranks waiting for it at the rendezvous (on other nodes torchrun would not stop them). The arguments
-as given go to ``launch(same=...)``: nodes started with different ones are refused on every rank.
+as given go to ``launch(same=...)``, a model directory as the digest of what it holds
+(:func:`~vpp.cli.checks.loaded_identity`): nodes started with different ones, or whose ``--model`` holds
+another checkpoint, are refused on every rank.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 import traceback
 
 from vpp.cli.args import UsageError
+from vpp.cli.checks import loaded_identity
 from vpp.cli.terminal import setup_logging
 
 # name -> (module, one-line help). Command modules stay light: heavy imports happen inside run().
@@ -84,8 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         args._given = {"--" + k.replace("_", "-"): v for k, v in vars(args).items() if k not in ("_module", "debug")}
         setup_logging()
         module = importlib.import_module(args._module)
-        if hasattr(module, "check"):
-            module.check(args)
+        from vpp.cli.aliasing import reading
+        with reading(args, UsageError):  # every output path the check accepts is none of the run's inputs
+            if hasattr(module, "check"):
+                module.check(args)
+        if _under_torchrun():  # nodes agree on what they load, not on its path
+            args._given.update(loaded_identity(args))
         return int(module.run(args) or 0)
     except UsageError as exc:
         return _fail(exc.prog or prog, str(exc), 2, debug)

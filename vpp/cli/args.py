@@ -84,19 +84,32 @@ def writable_file(path: str, option: str) -> str:
     :mod:`vpp.safe_write`. Returns the resolved path."""
     from vpp.safe_write import OutputPathError, check_output_file
     try:
-        return check_output_file(path, option)
+        real = check_output_file(path, option)
     except OutputPathError as exc:
         raise UsageError(str(exc)) from None
+    _refuse_input(path, option)
+    return real
+
+
+def _refuse_input(path: str, option: str, *, folder: bool = False) -> None:
+    """An output that is one of the run's inputs (:mod:`vpp.cli.aliasing`) is refused."""
+    from vpp.cli.aliasing import input_problem
+    problem = input_problem(path, option, folder=folder)
+    if problem:
+        raise UsageError(problem)
 
 
 def writable_files_in(folder: str, names, option: str) -> str:
     """``folder`` is (or can be created as) a writable folder, and each of ``names`` inside it that already
     exists is a writable regular file (or a symlink to one)."""
     real = writable_dir(folder, option)
+    _refuse_input(folder, option, folder=True)
     for name in names:
         path = os.path.join(folder, name)
         if os.path.lexists(path):
             writable_file(path, option)
+        else:
+            _refuse_input(path, option)
     return real
 
 

@@ -23,6 +23,9 @@ def open_checked(spec: str, *, tp: int, pp: int, schedules, folds: int = 1, ep: 
     if os.path.isdir(spec):
         _check_files(spec)
     try:
+        if os.path.isdir(spec):  # the config's types and counts against the headers, before anything per layer
+            from vpp.models.model_dir import check_model_dir
+            check_model_dir(spec, dtype="float32")
         model = open_model(spec)
     except (ConfigError, ValueError, OSError) as exc:
         raise UsageError(f"--model {spec}: {exc}") from None
@@ -48,6 +51,17 @@ def _check_files(model_dir: str) -> None:
                          f"in the directory")
 
 
+def loaded_identity(args) -> dict:
+    """What the ranks must agree on beside their arguments: a model directory's digest (config, headers
+    and a sample of every tensor: :func:`vpp.models.safetensors_files.checkpoint_digest`), so that nodes
+    whose same ``--model`` path holds other checkpoints are refused on every rank before any work."""
+    spec = getattr(args, "model", None)
+    if not isinstance(spec, str) or not os.path.isdir(spec):
+        return {}
+    from vpp.models.safetensors_files import checkpoint_digest
+    return {"--model": f"{spec} (checkpoint digest {checkpoint_digest(spec)})"}
+
+
 def check_devices(device: str, ranks: int) -> None:
     """Spawned ranks need one device each: refuse fewer devices than ranks before spawning any."""
     from vpp.parallel.device import get_accelerator
@@ -60,4 +74,4 @@ def check_devices(device: str, ranks: int) -> None:
         raise UsageError(f"--device {device}: {exc}") from None
 
 
-__all__ = ["check_devices", "open_checked"]
+__all__ = ["check_devices", "loaded_identity", "open_checked"]

@@ -235,7 +235,7 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float, memory_plan: dict | 
         print(json.dumps(out, indent=2, default=str), flush=True)
     else:
         print(_table(rows, facts, cfg), flush=True)
-    if cfg.save_logits:  # after the results are out: a failure here loses nothing measured
+    if cfg.save_logits:  # after the table: the primary results first, a failure here loses nothing measured
         from safetensors.torch import save
         from vpp.safe_write import write_bytes
         tensors = {"input_ids": facts["prompt"].contiguous()}
@@ -244,6 +244,13 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float, memory_plan: dict | 
         write_bytes(cfg.save_logits, save(tensors, metadata={"model": cfg.model, "chunk_size": str(cfg.chunk_size)}),
                     option="--save-logits")
         facts.setdefault("written", []).append(cfg.save_logits)
+    extra_failed = None
+    if facts.get("traces"):  # the extras last: a folder that became unwritable loses no result
+        from vpp.cli.prefill_rounds import write_traces
+        try:
+            facts.setdefault("written", []).extend(write_traces(cfg.trace_dir, facts.pop("traces")))
+        except (OSError, ValueError) as exc:
+            extra_failed = exc
     if facts.get("written"):
         print("wrote " + ", ".join(facts["written"]), file=sys.stderr)
     if failed:
@@ -257,8 +264,10 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float, memory_plan: dict | 
         else:
             print(f"CHECK FAILED: logits of {failed} differ from the unpipelined reference by more than "
                   f"atol={atol}: {facts['check']}{hint}", file=sys.stderr)
-        return 1
-    return 0
+    if extra_failed is not None:  # one line (exit 1), after every result is out
+        raise RuntimeError(f"--trace {cfg.trace_dir}: the traces were not written, the results were "
+                           f"({type(extra_failed).__name__}: {str(extra_failed).splitlines()[0] if str(extra_failed) else ''})")
+    return 1 if failed else 0
 
 
 def _memory_json(rows, plans: dict | None) -> dict:

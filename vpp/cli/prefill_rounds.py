@@ -34,6 +34,7 @@ from vpp.runtime.dcpp_profile import profile_planner
 from vpp.runtime.layout_inference import check_agrees
 
 from vpp.models.run_layout import layout_for
+from vpp.perf.memory_plan import planned_chunk
 
 log = logging.getLogger(__name__)
 
@@ -159,11 +160,12 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[MeasuredPr
     say(groups, f"vpp prefill: {cfg.model}, tp={cfg.tp} pp={cfg.pp}, {cfg.seq_len} tokens in chunks of "
                  f"{cfg.chunk_size}; " + "; ".join(f"{s}: {layouts[s].describe()}" for s in cfg.schedules))
     # DCPP's planner is profiled once on the real stages of its mode's profiled rank (start-up profiling)
-    chunking = {s: profile_planner(stages[s], groups, cfg.chunk_size, variant=cfg.dcpp_mode,
+    chunk = planned_chunk(cfg.chunk_size, cfg.seq_len)  # every chunk-sized buffer as the memory plan sized it
+    chunking = {s: profile_planner(stages[s], groups, chunk, variant=cfg.dcpp_mode,
                                    min_chunk=cfg.dcpp_min_chunk).chunk_sizes
                 if strategies.get(s).chunking == "dcpp" else cfg.chunk_size for s in cfg.schedules}
     hidden = stages[cfg.schedules[0]][0].hidden_size
-    transfer_s = measure_transfer(groups, cfg.chunk_size, hidden, dtype)
+    transfer_s = measure_transfer(groups, chunk, hidden, dtype)
     rows = {s: MeasuredPrefill(s) for s in cfg.schedules}
     holds_first = {s: 0 in layouts[s].stages_of(groups.pp.rank) for s in cfg.schedules}
     last_logits: dict[str, torch.Tensor | None] = {}
@@ -240,8 +242,8 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[MeasuredPr
                         for s, c in chunking.items()}}
     if cfg.check:
         facts["check"] = _check(groups, model, prompt, last_logits, list(rows.values()))
-    if cfg.trace_dir and groups.global_rank == 0:
-        facts["written"] = _write_traces(cfg.trace_dir, traces)
+    if cfg.trace_dir and groups.global_rank == 0:  # written by the report, after the results (an extra)
+        facts["traces"] = traces
     return [rows[s] for s in cfg.schedules], facts
 
 
@@ -284,7 +286,7 @@ def _check(groups: ParallelGroups, model, prompt, last_logits, rows) -> dict:
     return out[0]
 
 
-def _write_traces(directory: str, traces: dict) -> list[str]:
+def write_traces(directory: str, traces: dict) -> list[str]:
     """Write each schedule's measured and simulated traces (JSON, Chrome, PNG); returns the paths."""
     os.makedirs(directory, exist_ok=True)
     written = []
@@ -304,5 +306,5 @@ def _write_traces(directory: str, traces: dict) -> list[str]:
 
 __all__ = [
     "BenchConfig", "MeasuredPrefill", "cache_bytes", "chunks_of", "gather_all", "measure_transfer",
-    "replay", "run_bench", "say", "weight_bytes",
+    "replay", "run_bench", "say", "weight_bytes", "write_traces",
 ]

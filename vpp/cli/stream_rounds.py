@@ -24,6 +24,7 @@ from vpp.models.registry import open_model
 from vpp.models.run_layout import layout_for
 from vpp.parallel.groups import ParallelGroups
 from vpp.cli.prefill_rounds import gather_all, measure_transfer, replay, say
+from vpp.perf.memory_plan import planned_chunk
 from vpp.schedules import strategies, stream_stats, workloads
 from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import profile_planner
@@ -99,10 +100,11 @@ def run_stream_bench(groups: ParallelGroups, cfg: StreamConfig) -> tuple[list[Me
                          f"workload {wl.name} has {sorted(set(wl.lengths))[:6]}")
     layouts = cfg.layouts or {name: layout_for(model, name, groups.pp.size) for name in cfg.contenders}
     stages = {name: model.stages(layouts[name], groups) for name in cfg.contenders}
+    chunk = planned_chunk(cfg.chunk_size, max(wl.lengths))  # chunk-sized buffers no larger than a prompt
     dcpp = next((n for n in cfg.contenders if strategies.get(n).chunking == "dcpp"), None)
-    planner = profile_planner(stages[dcpp], groups, cfg.chunk_size, variant=cfg.dcpp_mode,
+    planner = profile_planner(stages[dcpp], groups, chunk, variant=cfg.dcpp_mode,
                               min_chunk=cfg.dcpp_min_chunk) if dcpp is not None else None
-    transfer_s = measure_transfer(groups, cfg.chunk_size, stages[cfg.contenders[0]][0].hidden_size,
+    transfer_s = measure_transfer(groups, chunk, stages[cfg.contenders[0]][0].hidden_size,
                                   stages[cfg.contenders[0]][0].dtype)
     rows = {c: MeasuredStream(c) for c in cfg.contenders}
     say(groups, f"stream: {wl.name}, {len(wl.lengths)} requests, {sum(wl.lengths)} tokens, concurrency "

@@ -131,12 +131,7 @@ def model_config(config: ConfigLike) -> Config:
         raise ConfigError(f"{where}: model_type {family!r} needs {', '.join(repr(k) for k in missing)} "
                           f"(they fix tensor shapes and have no default)")
     cfg = {**RELEASE_DEFAULTS[family], **DEFAULTS[family], **given}
-    for key in REQUIRED[family]:
-        value = cfg[key]
-        if value is None and key == "q_lora_rank":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{where}: {key}={value!r} must be a positive integer")
+    check_types(cfg, where)
     if family == "qwen3_moe":
         if cfg["use_sliding_window"]:
             raise ConfigError(f"{where}: qwen3_moe with use_sliding_window=true is not supported")
@@ -153,6 +148,47 @@ def model_config(config: ConfigLike) -> Config:
     cfg["mlp_layer_types"] = mlp_layer_types(cfg, where)
     cfg["quantization"] = quantization(cfg, where)
     return cfg
+
+
+# keys that must be >= 1 where the published default is an integer (the others may be 0)
+_POSITIVE = {"max_position_embeddings", "decoder_sparse_step", "moe_layer_freq", "n_group", "topk_group", "head_dim"}
+
+
+def check_types(cfg: Mapping[str, Any], where: str = "config") -> None:
+    """Every key that fixes a shape (:data:`REQUIRED`) is a positive integer, and every key with a
+    published default has that default's type (an integer, a finite number, a boolean, a string, a list of
+    integers; ``None`` defaults allow a positive integer): one :class:`ConfigError` naming the key and the
+    file. Run before anything is derived per layer or per expert."""
+    family = cfg["model_type"]
+    for key in REQUIRED[family]:
+        value = cfg[key]
+        if value is None and key == "q_lora_rank":
+            continue
+        if not _is_int(value) or value < 1:
+            raise ConfigError(f"{where}: {key}={value!r} must be a positive integer")
+    for key, default in {**RELEASE_DEFAULTS[family], **DEFAULTS[family]}.items():
+        value = cfg.get(key, default)
+        if value is None and default is None:
+            continue
+        if isinstance(default, bool):
+            ok, what = isinstance(value, bool), "true or false"
+        elif default is None or isinstance(default, int):
+            low = 1 if key in _POSITIVE or default is None else 0
+            ok, what = _is_int(value) and value >= low, f"an integer >= {low}"
+        elif isinstance(default, float):
+            ok = (_is_int(value) or isinstance(value, float)) and 0 < value < float("inf")
+            what = "a finite number > 0"
+        elif isinstance(default, str):
+            ok, what = isinstance(value, str), "a string"
+        else:
+            ok = isinstance(value, list) and all(_is_int(v) and v >= 0 for v in value)
+            what = "a list of integers >= 0"
+        if not ok:
+            raise ConfigError(f"{where}: {key}={value!r} must be {what}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 QUANT_METHODS = ("fp8",)
@@ -291,7 +327,7 @@ def check_layer_range(layer_range: tuple[int, int], num_layers: int) -> tuple[in
 
 __all__ = [
     "Config", "ConfigError", "ConfigLike", "DEFAULTS", "DSA_TYPES", "DTYPES", "MLA_TYPES", "QUANT_METHODS",
-    "RELEASE_DEFAULTS", "REQUIRED", "SUPPORTED_MODEL_TYPES", "attention_kind", "check_layer_range",
+    "RELEASE_DEFAULTS", "REQUIRED", "SUPPORTED_MODEL_TYPES", "attention_kind", "check_layer_range", "check_types",
     "config_dtype", "indexer_types", "mlp_layer_types", "model_config", "num_experts", "quantization",
     "read_config", "shared_intermediate_size", "stage_starts",
 ]

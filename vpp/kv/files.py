@@ -113,7 +113,8 @@ def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = 
                     tokens=pipe.stages[0].cache_length(request),
                     writer=dict(tp=groups.tp.size, pp=groups.pp.size,
                                 stages=[stages_by_pp[r] for r in sorted(stages_by_pp)]),
-                    extra=extra or {}, tensors=entries, save_id=save_id)
+                    extra=extra or {}, tensors=entries, save_id=save_id,
+                    model=None if pipe.model is None else dict(digest=pipe.model[0], name=pipe.model[1]))
     if dist.is_initialized() and len(members) > 1:  # every file is complete before the manifest exists
         rendezvous("the KV files written", me, members, timeout_s=pipe.timeout_s)
         every = [None] * len(members)
@@ -200,7 +201,9 @@ def load_cache(pipe, request: Hashable, directory: str, *, reserve: int = 0) -> 
     except ValueError as exc:  # another model's caches, or a partial save
         raise ValueError(f"{directory}: the saved caches (written by a pipeline of {manifest.get('writer')}) do "
                          f"not cover this rank's stages: {exc}") from None
-    problem = model_problem(entries, int(manifest["tokens"]), pipe.layout.num_layers, pipe.stages)
+    problem = (model_problem(entries, int(manifest["tokens"]), pipe.layout.num_layers, pipe.stages)
+               or identity_problem(manifest.get("model"), pipe.model)
+               or size_problem(directory, entries, int(manifest["tokens"]), pipe.stages, plan))
     if problem:  # another model's caches would install, then decode garbage or fail in the attention
         raise ValueError(f"{os.path.join(directory, 'manifest.json')}: {problem}")
     device = pipe.groups.device
@@ -251,6 +254,37 @@ def load_cache(pipe, request: Hashable, directory: str, *, reserve: int = 0) -> 
     return manifest
 
 
+def identity_problem(saved, running) -> str | None:
+    """The saved caches' model (the manifest's ``model``: digest and name) against the pipeline's
+    (``Pipeline.model``): another checkpoint of the same shapes (a base model and its fine-tune) is
+    refused, naming both. None where either side cannot tell (a save from before the digest existed)."""
+    if not isinstance(saved, dict) or running is None or saved.get("digest") in (None, running[0]):
+        return None
+    return (f"the caches were saved under model {saved.get('name')} (digest {saved.get('digest')}), this pipeline "
+            f"runs {running[1]} (digest {running[0]}): another model's caches would decode other tokens")
+
+
+def size_problem(directory: str, entries: list, tokens: int, stages, plan) -> str | None:
+    """Before anything is allocated: ``tokens`` within the model's positions, and every stored slice the
+    plan reads holds, in its file's header, the shape the manifest gives it (a manifest cannot make a
+    reader allocate more than the files hold)."""
+    from safetensors import safe_open
+    limit = next((st.max_positions for st in stages if getattr(st, "max_positions", None)), None)
+    if limit is not None and tokens > int(limit):
+        return f"tokens={tokens} is more than the model's {limit} positions"
+    for i in sorted({t.src for t in plan}):
+        e = entries[i]
+        path = os.path.join(directory, e["file"])
+        try:
+            with safe_open(path, framework="pt") as f:
+                shape = list(f.get_slice(e["key"]).get_shape())
+        except Exception:  # noqa: BLE001 -- a missing, truncated or foreign file: the read names it
+            continue
+        if shape != list(e["shape"]):
+            return f"{path}: {e['key']!r} has shape {shape} in the file, the manifest says {list(e['shape'])}"
+    return None
+
+
 def model_problem(entries: list, tokens: int, num_layers: int, stages) -> str | None:
     """Why the stored slices ``entries`` (of ``tokens`` tokens) are not the caches of the model whose
     ``num_layers``-layer pipeline holds ``stages`` on this rank, or None: the layer count, the cache
@@ -284,5 +318,5 @@ def model_problem(entries: list, tokens: int, num_layers: int, stages) -> str | 
     return None
 
 
-__all__ = ["ENTRY_KEYS", "FORMAT", "SAVE_ID_KEY", "crc32", "directory_problem", "load_cache", "model_problem",
-           "read_manifest", "save_cache"]
+__all__ = ["ENTRY_KEYS", "FORMAT", "SAVE_ID_KEY", "crc32", "directory_problem", "identity_problem", "load_cache",
+           "model_problem", "read_manifest", "save_cache", "size_problem"]

@@ -8,6 +8,8 @@ slices of them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Callable
@@ -70,8 +72,21 @@ def build_stage(config: ConfigLike, layer_range: tuple[int, int], groups: Parall
     stage = Stage(layers, num_layers=n, hidden_size=cfg["hidden_size"], vocab_size=cfg["vocab_size"], rope=rope,
                   eps=cfg["rms_norm_eps"], groups=groups, config=cfg, **kw)
     if weights is not None:
-        load_weights(stage, as_source(weights))
+        source = as_source(weights)
+        load_weights(stage, source)
+        stage.model_digest, stage.model_name = model_digest(cfg, source), str(source.where)
     return stage
+
+
+def model_digest(cfg: Config, source: WeightSource) -> str | None:
+    """The identity of a model: its config and its weights' digest (:meth:`WeightSource.identity`), the
+    same on every rank and for every layout; what ranks agree on and what a KV save carries. None when the
+    weights cannot be identified (a plain function of names)."""
+    weights = source.identity()
+    if weights is None:
+        return None
+    text = json.dumps(cfg, sort_keys=True, default=str) + weights
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def load_stage(model_dir: str | Path, layer_range: tuple[int, int], groups: ParallelGroups, *,
@@ -175,6 +190,6 @@ def _listing(names: list[str], show: int = 8) -> str:
 
 
 __all__ = [
-    "FAMILIES", "build_stage", "check_names", "checkpoint_shapes", "load_stage", "load_weights",
+    "FAMILIES", "build_stage", "check_names", "checkpoint_shapes", "load_stage", "load_weights", "model_digest",
     "random_checkpoint", "save_checkpoint", "schema_reader",
 ]

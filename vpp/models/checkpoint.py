@@ -22,7 +22,8 @@ from safetensors.torch import save
 from vpp.config import quantization, read_config
 from vpp.models import fp8
 from vpp.safe_write import atomic_open
-from vpp.models.safetensors_files import FLOAT_DTYPES, INDEX, CheckpointError, TensorInfo, read_header, read_index
+from vpp.models.safetensors_files import (FLOAT_DTYPES, INDEX, CheckpointError, TensorInfo, checkpoint_digest,
+                                         read_header, read_index)
 from vpp.parallel.sharding import Shard
 
 SCALE = "_scale_inv"  # X.weight_scale_inv: the block scales of the FP8 weight X.weight
@@ -51,6 +52,10 @@ class WeightSource:
     def read(self, name: str, shard: Shard | None = None) -> torch.Tensor:
         full = self(name)
         return full if shard is None else shard.narrow(full)
+
+    def identity(self) -> str | None:
+        """A digest of the weights, the same wherever they are read (None: this source cannot tell)."""
+        return None
 
 
 class FunctionSource(WeightSource):
@@ -101,6 +106,9 @@ class SafetensorsCheckpoint(WeightSource):
                 f"{self.dir / self.files[ascend[0]]}: {ascend[0]} ({len(ascend)} weight_scale/weight_offset tensors): "
                 f"int8 weights with per-channel scales and offsets (the Ascend W8A8 layout) are not supported; "
                 f"{SUPPORTED_WEIGHTS}")
+
+    def identity(self) -> str:
+        return checkpoint_digest(self.dir)
 
     def names(self) -> set[str]:
         """Every tensor of the checkpoint except the scales of quantized weights (read with them)."""
@@ -210,6 +218,10 @@ class RandomCheckpoint(WeightSource):
 
     def __init__(self, shapes: Shapes, seed: int):
         self.shapes, self.seed = dict(shapes), seed
+        self.where = f"random weights (seed {seed})"
+
+    def identity(self) -> str:
+        return hashlib.blake2b(repr((sorted(self.shapes.items()), self.seed)).encode(), digest_size=12).hexdigest()
 
     def names(self) -> set[str]:
         return set(self.shapes)

@@ -9,10 +9,12 @@ the tensors they read (a library user may skip this step).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from vpp.config import config_dtype, model_config
+from vpp.config import (DEFAULTS, RELEASE_DEFAULTS, REQUIRED, ConfigError, check_types, config_dtype, model_config,
+                        read_config)
 from vpp.models.build import check_names, checkpoint_shapes
 from vpp.models.checkpoint import SafetensorsCheckpoint
 from vpp.models.safetensors_files import CheckpointError
@@ -40,9 +42,11 @@ def check_model_dir(path: str | Path, *, dtype: str = "auto") -> ModelDirSummary
       scales of the wrong shape -- :class:`CheckpointError`.
     """
     where = Path(path)
+    raw = read_config(where)
+    ckpt = SafetensorsCheckpoint(where)  # the index and the headers: what the files hold
+    check_counts(raw, ckpt.names(), where)  # before anything is built per layer or expert
     cfg = model_config(where)
     declared = config_dtype(cfg, str(where / "config.json")) if dtype == "auto" else None
-    ckpt = SafetensorsCheckpoint(where, cfg["quantization"])
     counts = ckpt.validate()
     n = cfg["num_hidden_layers"]
     expected = checkpoint_shapes(cfg)
@@ -55,4 +59,33 @@ def check_model_dir(path: str | Path, *, dtype: str = "auto") -> ModelDirSummary
     return ModelDirSummary(cfg["model_type"], n, counts["tensors"], counts["quantized"], counts["bytes"], declared)
 
 
-__all__ = ["ModelDirSummary", "check_model_dir"]
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")
+
+
+def check_counts(raw: dict, names, where: Path) -> None:
+    """The config's types and ranges (:func:`vpp.config.check_types`), and its layer and expert counts
+    against what the checkpoint's headers hold (``names``): a config claiming more layers or experts than
+    the files hold is one :class:`ConfigError` naming the key and the file, before any per-layer list."""
+    config = where / "config.json"
+    family = raw.get("model_type")
+    experts_key = "num_experts" if family == "qwen3_moe" else "n_routed_experts"
+    given = dict(raw)
+    if "num_local_experts" in given:
+        given.setdefault(experts_key, given["num_local_experts"])
+    for key in ("num_hidden_layers", experts_key):
+        if key in given and (isinstance(given[key], bool) or not isinstance(given[key], int) or given[key] < 1):
+            raise ConfigError(f"{config}: {key}={given[key]!r} must be a positive integer")
+    layers = {int(m.group(1)) for n in names if (m := _LAYER.match(n))}
+    experts = {int(m.group(1)) for n in names if (m := _EXPERT.search(n))}
+    held = {"num_hidden_layers": (max(layers) + 1 if layers else 0, "layers"),
+            experts_key: (max(experts) + 1 if experts else 0, "experts per layer")}
+    for key, (count, what) in held.items():
+        value = given.get(key)
+        if isinstance(value, int) and value > count:
+            raise ConfigError(f"{config}: {key}={value}, but the checkpoint's safetensors headers hold {count} {what}")
+    if family in REQUIRED and not [k for k in REQUIRED[family] if k not in given]:
+        check_types({**RELEASE_DEFAULTS[family], **DEFAULTS[family], **given}, str(config))
+
+
+__all__ = ["ModelDirSummary", "check_counts", "check_model_dir"]

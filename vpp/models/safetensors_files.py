@@ -11,8 +11,11 @@ byte range matches its dtype and shape.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -129,6 +132,46 @@ def read_index(model_dir: Path) -> dict[str, str]:
     return dict(weight_map)
 
 
+SAMPLE_BYTES = 16  # bytes of each tensor's data in a checkpoint's digest (from the middle of its data)
+
+
+def checkpoint_digest(model_dir: str | Path) -> str:
+    """A short digest of what a model directory holds, independent of where it lies: config.json's bytes
+    and, per safetensors file (in name order), its header and :data:`SAMPLE_BYTES` bytes from the middle of
+    every tensor's data. Two checkpoints of the same shapes with other weights (a base model and its
+    fine-tune) differ in it wherever a tensor changed at its sampled bytes; it reads the headers and one
+    page per tensor, not the weights. Files are read once per (path, size, mtime)."""
+    model_dir = Path(model_dir)
+    files = sorted(set(read_index(model_dir).values()))
+    stamps = []
+    for name in ["config.json"] + files:
+        st = os.stat(model_dir / name)
+        stamps.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
+    return _digest(str(model_dir.resolve()), tuple(stamps))
+
+
+@functools.lru_cache(maxsize=16)
+def _digest(model_dir: str, stamps: tuple) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    h.update((Path(model_dir) / "config.json").read_bytes())
+    for name, *_ in stamps[1:]:
+        path = Path(model_dir) / name
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            raw = f.read(n)
+            h.update(f"/{name}:{n}:".encode() + raw)
+            header = json.loads(raw)
+            size = os.fstat(f.fileno()).st_size
+            if size <= 8 + n:
+                continue
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                for tensor in sorted(k for k in header if k != "__metadata__"):
+                    begin, stop = header[tensor]["data_offsets"]
+                    at = 8 + n + max(begin, (begin + stop) // 2 - SAMPLE_BYTES // 2)
+                    h.update(data[at:min(at + SAMPLE_BYTES, 8 + n + stop)])
+    return h.hexdigest()
+
+
 def _inside(file: str) -> bool:
     """A relative path that stays inside the directory, read lexically: symbolic links (the Hugging
     Face cache links snapshots to blobs elsewhere) are the user's business, '..' and absolute paths
@@ -140,6 +183,6 @@ def _inside(file: str) -> bool:
 
 
 __all__ = [
-    "CheckpointError", "DTYPE_SIZES", "FLOAT_DTYPES", "INDEX", "SINGLE", "TensorInfo", "read_header",
-    "read_index",
+    "CheckpointError", "DTYPE_SIZES", "FLOAT_DTYPES", "INDEX", "SAMPLE_BYTES", "SINGLE", "TensorInfo",
+    "checkpoint_digest", "read_header", "read_index",
 ]

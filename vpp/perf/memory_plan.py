@@ -13,7 +13,9 @@ For one rank of a prefill (and the decoding after it) on the runtime's models:
   budget, ``vpp.transformer.attention.workspace``: 32 MiB on a CPU, 1/64 of an accelerator's memory), the
   layer's working set (:func:`vpp.perf.rank_memory.working_set` at prefix 0: four hidden-sized buffers and the
   MLP's or the routed experts' intermediate), and ``IN_FLIGHT`` chunk outputs held as send or receive
-  buffers or local hand-offs; plus the prompt's token ids (int64) on the rank that feeds stage 0.
+  buffers or local hand-offs (the transfer probe before the run is one of them); plus the prompt's token
+  ids (int64) on the rank that feeds stage 0. Every chunk-sized buffer is sized by :func:`planned_chunk`
+  (a chunk never exceeds the prompt), in the plan and in the run alike.
 
 On a CPU the ranks also carry the interpreter and its libraries (``runtime``: measured by the caller as
 the resident set of a process that imported torch), and every co-located rank draws on the same machine
@@ -55,6 +57,13 @@ class RankMemoryPlan:
         return f"rank {self.rank}: {self.total / MIB:.1f} MiB (" + ", ".join(parts) + ")"
 
 
+def planned_chunk(chunk: int, tokens: int) -> int:
+    """The largest chunk a run of ``tokens``-token prompts cut into ``chunk``-token chunks forms: what the
+    plan sizes every chunk-sized buffer by, and what the run allocates them with (the transfer probe, a
+    DCPP planner's profiling budget, send and receive buffers), so that no buffer exceeds the plan."""
+    return max(1, min(int(chunk), int(tokens)))
+
+
 def plan_memory(arch: Arch, rank_layers: list[list[int]], *, tp: int, dtype_bytes: int, tokens: int, chunk: int,
                 first_rank: int = 0, last_rank: int | None = None, weights: list[int] | None = None,
                 workspace_bytes: int = CPU_WORKSPACE, runtime: int = 0, ep: int | None = None,
@@ -68,7 +77,7 @@ def plan_memory(arch: Arch, rank_layers: list[list[int]], *, tp: int, dtype_byte
     layer's K/V of every rank (the all-gather method; a ring holds two blocks)."""
     par = Parallel(tp=tp, ep=ep, act_bytes=dtype_bytes, weight_bytes=dtype_bytes, kv_bytes=dtype_bytes, pp_tensors=1)
     per_token = kv_bytes_per_token_layer(arch, par)
-    chunk = min(chunk, tokens)
+    chunk = planned_chunk(chunk, tokens)
     if cp < 1:
         raise ValueError(f"cp={cp} must be >= 1")
     share = tokens if cp == 1 else -(-tokens // cp) + 2 * cp
@@ -104,5 +113,5 @@ def shortfall(plans: list[RankMemoryPlan], available: int, *, shared: bool) -> s
 
 __all__ = [
     "CPU_WORKSPACE", "DEVICE_WORKSPACE_SHARE", "IN_FLIGHT", "MIB", "RankMemoryPlan", "plan_memory",
-    "shortfall",
+    "planned_chunk", "shortfall",
 ]

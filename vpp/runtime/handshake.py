@@ -31,6 +31,7 @@ class StageInfo:
     is_last: bool
     dtype: str
     max_positions: int | None
+    model: tuple[str, str] | None = None  # (digest, name) of the model the stage was loaded from, if known
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,33 @@ def describe_stage(stage: torch.nn.Module) -> StageInfo:
     try:
         layer_range = tuple(int(x) for x in stage.layer_range)
         info = StageInfo(layer_range, int(stage.hidden_size), int(stage.vocab_size), bool(stage.is_first),
-                         bool(stage.is_last), str(stage.dtype), getattr(stage, "max_positions", None))
+                         bool(stage.is_last), str(stage.dtype), getattr(stage, "max_positions", None),
+                         model_of(stage))
     except AttributeError as exc:
         raise TypeError(f"{type(stage).__name__} does not follow the stage contract (layer_range, hidden_size, "
                         f"vocab_size, is_first, is_last, dtype): {exc}") from None
     return info
+
+
+def model_of(stage: torch.nn.Module) -> tuple[str, str] | None:
+    """``(digest, name)`` of the model a stage was loaded from (``stage.model_digest``, set by
+    :func:`vpp.models.build_stage` from the config and the weights), or None."""
+    digest = getattr(stage, "model_digest", None)
+    return None if digest is None else (str(digest), str(getattr(stage, "model_name", "")))
+
+
+def model_disagreement(infos: Sequence[RankInfo]) -> str | None:
+    """Every rank's stages must come from one model (the digest of its config and weights, not its path):
+    the problem, naming the ranks and the models, or None."""
+    held = {}
+    for info in infos:
+        for st in info.stages:
+            if st.model is not None:
+                held.setdefault(st.model[0], (st.model[1], []))[1].append(info.global_rank)
+    if len(held) <= 1:
+        return None
+    parts = [f"global rank(s) {sorted(set(ranks))} {name} (digest {digest})" for digest, (name, ranks) in held.items()]
+    return "ranks loaded different models: " + " vs ".join(parts) + "; give every rank the same checkpoint"
 
 
 def check_prompt(ids: torch.Tensor, stage: StageInfo, what: str = "prompt") -> str | None:
@@ -149,6 +172,25 @@ def pipeline_of(infos: list[RankInfo], groups: ParallelGroups) -> list[RankInfo]
     return [by_rank[g] for g in groups.pp.ranks]
 
 
+def order_problem(pipeline: list[RankInfo], layout) -> str | None:
+    """Each pipeline rank must list its stage modules in the layout's stage order (the order of their
+    layer ranges): the pipeline pairs the modules with the layout's stages by position, so another order
+    would run each chunk through the wrong layers. The problem, naming the ranks, or None (the same on
+    every rank: every rank holds every rank's descriptor)."""
+    wrong = {}
+    for r, info in enumerate(pipeline):
+        given = [list(st.layer_range) for st in info.stages]
+        expected = [list(layout.stage_layers[s]) for s in layout.stages_of(r)]
+        if given != expected:
+            wrong[r] = (given, expected)
+    if not wrong:
+        return None
+    r, (given, expected) = next(iter(wrong.items()))
+    return (f"pipeline rank(s) {sorted(wrong)} list their stage modules out of stage order: pipeline rank {r} "
+            f"gives layer ranges {given}, the layout's stages on it are {expected}; pass each rank's stages "
+            f"in that order")
+
+
 def first_problem(infos: list[RankInfo]) -> str | None:
     """The first prompt problem any rank found (so every rank raises the same one)."""
     return next((i.prompt_problem for i in infos if i.prompt_problem), None)
@@ -165,5 +207,6 @@ def prompt_lengths(infos: list[RankInfo]) -> tuple[int, ...]:
 
 __all__ = [
     "RankInfo", "StageInfo", "check_prompt", "describe_stage", "disagreement", "exchange", "first_problem",
+    "model_disagreement", "model_of", "order_problem",
     "pipeline_of", "plan_digest", "prompt_lengths", "prompts_digest",
 ]

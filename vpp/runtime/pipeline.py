@@ -77,6 +77,17 @@ class Generation:
         return self.decode_s / max(self.steps, 1)
 
 
+class CacheExport(dict):
+    """A rank's caches of one request (tensor name -> tensor, as ``Stage.export_cache`` names them), with
+    ``model``: the (digest, name) of the model that computed them (None: unknown), and ``slices``: per name,
+    the (dim, start, end, full) slice of the full tensor it holds (None: the whole tensor). Pickles with
+    both."""
+
+    def __init__(self, *args, model: tuple[str, str] | None = None, slices: dict | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.model, self.slices = model, dict(slices or {})
+
+
 class Pipeline:
     """This rank's part of a pipeline: its stage modules (in stage order), the groups, and a plan
     cache. ``timeout_s`` bounds every wait of every call (see :mod:`.watchdog`)."""
@@ -94,7 +105,12 @@ class Pipeline:
         self.stopped: str | None = None  # why a call stopped in the middle of its transfers (see check_usable)
         self.pipeline = handshake.pipeline_of(infos, groups)
         self.layout: Layout = infer_layout(self.pipeline)
+        problem = handshake.model_disagreement(infos) or handshake.order_problem(self.pipeline, self.layout)
+        if problem:  # every rank holds every descriptor: every rank raises this, before any transfer
+            raise ValueError(problem)
         check_stage_shapes(self.pipeline)
+        # (digest, name) of the model every rank loaded, or None where the stages cannot tell
+        self.model = next((st.model for info in infos for st in info.stages if st.model is not None), None)
         self.first = next(st for info in self.pipeline for st in info.stages if st.is_first)
         self.last = next(st for info in self.pipeline for st in info.stages if st.is_last)
         self.mine = dict(zip(self.layout.stages_of(groups.pp.rank), self.stages))
@@ -316,18 +332,41 @@ class Pipeline:
         for stage in self.stages:
             stage.release(request)
 
-    def export_cache(self, request: Hashable) -> dict[str, torch.Tensor]:
+    def export_cache(self, request: Hashable) -> "CacheExport":
         """This rank's caches of ``request`` as plain tensors (see ``Stage.export_cache`` for the
-        layout): what an engine takes over to continue decoding elsewhere."""
-        out: dict[str, torch.Tensor] = {}
+        layout): what an engine takes over to continue decoding elsewhere. The dict carries the model it
+        belongs to and the slice of each full tensor it holds (:class:`CacheExport`)."""
+        out = CacheExport(model=self.model, slices=self._slices())
         for stage in self.stages:
             out.update(stage.export_cache(request))
         return out
 
-    def import_cache(self, request: Hashable, tensors: dict[str, torch.Tensor]) -> None:
-        """Install a request's caches exported by a pipeline of the same layout and TP rank (for another
-        layout: :func:`vpp.kv.handover.hand_over`, or :mod:`vpp.kv.files` through a
-        directory)."""
+    def _slices(self) -> dict:
+        return {n: (tuple(v) if v is not None else None) for st in self.stages
+                for n, v in getattr(st, "cache_slices", dict)().items()}
+
+    def _shapes_agree(self, tensors) -> bool:
+        from vpp.transformer.attention.cache import shape_problem
+        shapes = {n: v for st in self.stages for n, v in getattr(st, "cache_shapes", dict)().items()}
+        return all(shape_problem(n, t.shape, str(t.dtype), *shapes[n]) is None for n, t in tensors.items() if n in shapes)
+
+    def import_cache(self, request: Hashable, tensors: "CacheExport") -> None:
+        """Install a request's caches exported (:meth:`export_cache`) by a pipeline of the same model,
+        layout and TP rank (for another layout: :func:`vpp.kv.handover.hand_over`, or :mod:`vpp.kv.files`
+        through a directory). Another model's export, or another TP rank's slices, are refused in one
+        line before anything is installed."""
+        if not isinstance(tensors, CacheExport):
+            raise TypeError(f"import_cache takes what Pipeline.export_cache returned (it carries the model and the "
+                            f"slices it holds), got {type(tensors).__name__}")
+        if (tensors.model is not None and self.model is not None and tensors.model[0] != self.model[0]
+                and self._shapes_agree(tensors)):  # (other shapes: the stages name the tensor that differs)
+            raise ValueError(f"request {request!r}: the caches were exported by model {tensors.model[1]} (digest "
+                             f"{tensors.model[0]}), this pipeline runs {self.model[1]} (digest {self.model[0]})")
+        mine = self._slices()
+        other = next((n for n in tensors if n in mine and tensors.slices.get(n, mine[n]) != mine[n]), None)
+        if other is not None:
+            raise ValueError(f"request {request!r}: {other} was exported as slice (dim, start, end, full) "
+                             f"{tensors.slices[other]}, this rank holds {mine[other]}: another TP rank's export")
         for stage in self.stages:
             start, end = stage.layer_range
             mine = {k: v for k, v in tensors.items() if start <= int(k.split(".")[2]) < end}
@@ -386,4 +425,4 @@ class Pipeline:
         return steps, time.perf_counter() - decode_start
 
 
-__all__ = ["Generation", "PLAN_CACHE", "Pipeline", "PromptInfo", "cached_counts", "requests_for"]
+__all__ = ["CacheExport", "Generation", "PLAN_CACHE", "Pipeline", "PromptInfo", "cached_counts", "requests_for"]
