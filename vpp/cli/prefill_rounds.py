@@ -141,6 +141,18 @@ def layout_for(model, schedule: str, pp: int, folds: int = 1, *, chunk: int | No
     return make_layout(kind, model.num_layers, pp, folds=folds, partition=sizes)
 
 
+SHORT_WARMUP = 256  # tokens of the warm-up of a single round (one short chunk through every stage)
+
+
+def warmup_tokens(cfg: BenchConfig) -> int:
+    """Tokens of the untimed warm-up run of each schedule: two chunks (the timed runs' shapes) when
+    there are several rounds; with ``repeat=1`` a short prompt of at most :data:`SHORT_WARMUP` tokens,
+    which warms the communicators and allocators without computing a long prompt twice."""
+    if cfg.repeat == 1:
+        return min(cfg.seq_len, SHORT_WARMUP)
+    return min(cfg.seq_len, 2 * cfg.chunk_size)
+
+
 def chunks_of(chunking, n: int, cached: int = 0) -> list[int]:
     """A chunking function's chunk sizes for ``n`` tokens after ``cached`` ones (the call convention
     of :func:`vpp.runtime.inputs.requests_for`)."""
@@ -206,7 +218,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
 
     if cfg.warmup:
         for sched in cfg.schedules:
-            one(sched, prompt[: min(cfg.seq_len, 2 * cfg.chunk_size)], None)
+            one(sched, prompt[:warmup_tokens(cfg)], None)
     for r in range(cfg.repeat):
         round_ttft = {}
         for sched in cfg.schedules:
@@ -309,5 +321,5 @@ def _write_traces(directory: str, traces: dict) -> list[str]:
 
 __all__ = [
     "BenchConfig", "Row", "cache_bytes", "chunks_of", "gather_all", "layout_for", "measure_transfer",
-    "replay", "run_bench", "say", "weight_bytes",
+    "replay", "run_bench", "say", "warmup_tokens", "weight_bytes",
 ]
