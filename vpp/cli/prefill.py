@@ -308,8 +308,9 @@ def _table(rows, facts, cfg) -> str:
     if why:
         lines.append(why)
     if any(r.memory for r in rows):
-        lines.append(f"peak memory per rank, MiB ({facts.get('memory_method')}): " + "; ".join(
-            f"{r.schedule} " + " ".join(f"r{m['rank']}={_mib(m)}" for m in r.memory) for r in rows))
+        lines.append(f"peak memory per rank, MiB ({facts.get('memory_method')}), with its KV cache: " + "; ".join(
+            f"{r.schedule} " + " ".join(f"r{m['rank']}={_mib(m)} (KV {m.get('kv_cache_bytes', 0) / 2**20:.1f})"
+                                        for m in r.memory) for r in rows))
     if "cpp" in cfg.schedules:
         lines.append("speed-up vs cpp = CPP's TTFT / this schedule's TTFT within each round, median [min-max] over "
                      "rounds (> 1: faster than CPP); bubble % = idle / (ranks x makespan)")
