@@ -33,6 +33,7 @@ from vpp.runtime.api import forward_prefill
 from vpp.runtime.dcpp_profile import profile_planner
 
 from vpp.models.run_layout import choose_partition
+from vpp.cli.terminal import RankProgress
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,9 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[Row], dict
         n_chunks = len(chunks_of(chunking[sched], n, cached)) if callable(chunking[sched]) else -(-n // cfg.chunk_size)
         show = label and cfg.progress is not None and groups.global_rank == 0
         bar = cfg.progress(label, n_chunks) if show else None
+        if label and cfg.progress is not None and groups.tp.rank == 0:  # each pipeline rank tells its computes
+            spans = {s: layouts[sched].stage_layers[s] for s in layouts[sched].stages_of(groups.pp.rank)}
+            bar = RankProgress(label, groups.pp.rank, {s: b - a for s, (a, b) in spans.items()}, n_chunks, bar=bar)
         if cached:  # the cached prefix: prefilled untimed, its caches left in the stages for request 0
             forward_prefill(stages[sched], ids[:cached] if holds_first[sched] else None, chunking[sched], groups,
                             schedule=sched, timeout_s=cfg.timeout_s)
