@@ -1,7 +1,5 @@
-"""A model of your own through vpp: pre-norm blocks (RoPE attention, gated MLP) cut into stages by
-vpp.runtime.layer_stages, prefilled with VPP-Async and CPP, decoded with Pipeline, and each checked
-against the model's own unpipelined forward. python examples/own_model.py (2 spawned CPU ranks), or
-torchrun --nproc-per-node 2 examples/own_model.py."""
+"""Your own PyTorch model through vpp (pre-norm blocks, RoPE, gated MLP), checked against its unpipelined
+forward: python examples/own_model.py (2 spawned CPU ranks), or torchrun --nproc-per-node 2 examples/own_model.py"""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -12,9 +10,8 @@ from vpp.runtime.layer_stages import KVCache, stages_from_module
 
 
 def rope(x, positions, theta=10000.0):  # x [heads, c, head_dim]
-    half = x.shape[-1] // 2
-    angles = positions[:, None].float() * theta ** (-torch.arange(half) / half)
-    x1, x2 = x[..., :half], x[..., half:]
+    angles = positions[:, None].float() * theta ** (-torch.arange(x.shape[-1] // 2) / (x.shape[-1] // 2))
+    x1, x2 = x.chunk(2, -1)
     return torch.cat([x1 * angles.cos() - x2 * angles.sin(), x1 * angles.sin() + x2 * angles.cos()], -1)
 
 
@@ -29,7 +26,8 @@ class Block(nn.Module):
         q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(0, 1) for t in self.qkv(self.norm1(h)).chunk(3, -1))
         k, v = kv.update(rope(k, positions), v)  # every token so far: [heads, tokens, head_dim]
         causal = positions[:, None] >= torch.arange(k.shape[1])[None, :]
-        h = h + self.out(F.scaled_dot_product_attention(rope(q, positions), k, v, attn_mask=causal).transpose(0, 1).flatten(1))
+        a = F.scaled_dot_product_attention(rope(q, positions), k, v, attn_mask=causal)
+        h = h + self.out(a.transpose(0, 1).flatten(1))
         gate, up = self.gate_up(self.norm2(h)).chunk(2, -1)
         return h + self.down(F.silu(gate) * up)
 
@@ -52,15 +50,15 @@ def run(rank, world):
     groups = initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=world)
     torch.manual_seed(0)
     model, ids = MyModel().eval(), torch.randint(0, 256, (300,))  # the same weights and prompt on every rank
-    for name, kind, prefill in (("vpp-async", "v", forward_vpp_prefill), ("cpp", "loop", forward_cpp_prefill)):
+    for name, kind, prefill, kw in (("vpp-async", "v", forward_vpp_prefill, {"async_comm": True}),
+                                    ("cpp", "loop", forward_cpp_prefill, {})):
         stages = stages_from_module(model, make_layout(kind, 4, world), groups.pp.rank)
         mine = ids if any(s.is_first for s in stages) else None
-        out = prefill(stages, mine, 64, groups, **({"async_comm": True} if kind == "v" else {}))
-        if out.logits is not None:  # the rank holding the last stage
+        out = prefill(stages, mine, 64, groups, **kw)
+        if out.logits is not None:  # on the rank holding the last stage
             print(f"{name}: max |logits - unpipelined| {float((out.logits - model(ids)[-1]).abs().max()):.1e}")
-    for s in stages:
-        s.release(0)  # the prefill's caches stay until released (request ids count from 0)
     pipe, new = Pipeline(stages, groups), ids.tolist()
+    pipe.release(0)  # the CPP prefill's caches (request ids count from 0)
     tokens = pipe.generate(mine, max_new_tokens=4, chunk_size=64, schedule="cpp").tokens[0]
     for _ in range(4):
         new.append(int(model(torch.tensor(new))[-1].argmax()))
