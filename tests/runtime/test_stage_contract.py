@@ -15,7 +15,7 @@ from vpp.models import build_stage, model_config, random_checkpoint
 from vpp.models.tiny import TINY_CONFIGS
 from vpp.models.toy import ToyStage
 from vpp.parallel import ParallelGroups
-from vpp.runtime import Pipeline, forward_prefill, make_layout
+from vpp.runtime import Pipeline, forward_dcpp_prefill, forward_prefill, make_layout
 from vpp.runtime.layer_stages import KVCache, LayerStage, stages_from_module
 from vpp.runtime.stage_contract import REQUIRED, StageModule, check_stages, missing_members
 
@@ -50,13 +50,15 @@ def test_the_check_names_every_missing_member_at_once():
             "release: the stage contract") in line
 
 
-@pytest.mark.parametrize("entry", ["Pipeline", "forward_prefill"])
+@pytest.mark.parametrize("entry", ["Pipeline", "forward_prefill", "forward_dcpp_prefill"])
 def test_every_entry_checks_the_contract_before_any_work(entry):
     ids = torch.zeros(8, dtype=torch.long)
     with pytest.raises(TypeError, match=r"stages\[0\] \(HalfStage\) lacks hidden_size, vocab_size, is_first, is_last, "
                                         r"dtype, cache_length, release"):
         if entry == "Pipeline":
             Pipeline([HalfStage()], ParallelGroups.single())
+        elif entry == "forward_dcpp_prefill":
+            forward_dcpp_prefill([HalfStage()], ids, 4, ParallelGroups.single())
         else:
             forward_prefill([HalfStage()], ids, 4, ParallelGroups.single(), schedule="cpp")
 
