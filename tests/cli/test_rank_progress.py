@@ -38,6 +38,9 @@ def test_time_left_follows_the_measured_chunk_times_and_lines_are_throttled():
     for k in (1, 2, 3):
         p.computed(3, 0, k, 2.0 * (1 + k))
     assert out.getvalue().splitlines()[-1].endswith("took 8.0 s; 0/8 computes left, ~0 s left here")  # the last
+    quiet = RankProgress("short", 0, {0: 1}, 1, every_s=10.0, clock=Clock(), stream=out)
+    quiet.computed(0, 0, 0, 0.5)
+    assert len(out.getvalue().splitlines()) == 2  # a run shorter than every_s: nothing
 
 
 def test_the_executor_tells_every_compute_of_its_rank():

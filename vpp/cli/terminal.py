@@ -46,7 +46,8 @@ class RankProgress:
 
         ``  round 1/1 vpp-async: rank 1 stage 2 chunk 6/8 took 41.2 s; 3/16 computes left, ~97 s left here``
 
-    at most every ``every_s`` seconds, and after the rank's last compute. The time left is predicted
+    at most every ``every_s`` seconds, and after the rank's last compute when it printed before (a
+    run shorter than ``every_s`` prints nothing). The time left is predicted
     from the chunk times measured so far on this rank: seconds per layer fitted as a + b x chunk index
     (tau_k grows with the prefix), summed over the (stage, chunk) computes still to come. Called with
     ``done`` (the chunks fed into stage 0) it draws ``bar`` when there is one (the rank holding stage 0)."""
@@ -56,7 +57,7 @@ class RankProgress:
         self.label, self.rank, self.layers, self.chunks, self.bar = label, rank, dict(layers), chunks, bar
         self.every_s, self.clock, self.stream = every_s, clock, stream
         self.times: dict[tuple[int, int], float] = {}  # (stage, chunk) -> seconds
-        self.last = clock()
+        self.last, self.printed = clock(), False
 
     def __call__(self, done: int) -> None:
         if self.bar is not None:
@@ -66,9 +67,9 @@ class RankProgress:
         self.times[(stage, chunk)] = seconds
         total = len(self.layers) * self.chunks
         now = self.clock()
-        if len(self.times) < total and now - self.last < self.every_s:
-            return
-        self.last = now
+        if now - self.last < self.every_s and not (len(self.times) == total and self.printed):
+            return  # a short run says nothing; a long one also says when the rank is done
+        self.last, self.printed = now, True
         left = total - len(self.times)
         print(f"  {self.label}: rank {self.rank} stage {stage} chunk {chunk + 1}/{self.chunks} took {seconds:.1f} s; "
               f"{left}/{total} computes left, ~{self.seconds_left():.0f} s left here",
