@@ -128,3 +128,21 @@ def test_generate_decodes_on_another_group_and_from_a_kv_directory(tmp_path):
     assert moved["generated_ids"] == ref and moved["handover_s"] > 0
     assert saved["generated_ids"] == ref[:1] and loaded["prompt_ids"] == moved["prompt_ids"]
     assert loaded["generated_ids"] == ref
+
+
+def _own_model_matches(out: str) -> None:
+    diffs = dict(re.findall(r"(vpp-async|cpp): max \|logits - unpipelined\| (\S+)", out))
+    assert sorted(diffs) == ["cpp", "vpp-async"] and all(float(d) < 1e-5 for d in diffs.values()), out
+    tokens = re.search(r"Pipeline tokens (\[[\d, ]+\]), unpipelined (\[[\d, ]+\])", out)
+    assert tokens and tokens.group(1) == tokens.group(2), out
+
+
+def test_own_model_example_matches_its_unpipelined_forward_spawned():
+    """A model author's own blocks (RoPE, gated MLP, pre-norm) at PP2: VPP-Async and CPP logits, and
+    Pipeline's greedy tokens, as the model's own forward gives them."""
+    _own_model_matches(_run("examples/own_model.py"))
+
+
+def test_own_model_example_matches_its_unpipelined_forward_under_torchrun():
+    _own_model_matches(_run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                            "examples/own_model.py"))

@@ -24,9 +24,9 @@ def _one_line(capsys, argv, code, pattern):
 
 def test_a_billion_tokens_is_refused_before_any_prompt_is_built(capsys):
     _one_line(capsys, ["prefill", "--seq-len", "1000000000"], 2,
-              r"--seq-len 1000000000 is 1000000000 tokens, more than the model's 32768 positions")
-    _one_line(capsys, ["generate", "--seq-len", "32760", "--max-new-tokens", "16"], 2,
-              r"--seq-len 32760 plus --max-new-tokens 16 is 32776 tokens, more than the model's 32768 positions")
+              r"--seq-len 1000000000 is 1000000000 tokens, more than the model's 1048576 positions")
+    _one_line(capsys, ["generate", "--seq-len", "1048570", "--max-new-tokens", "16"], 2,
+              r"--seq-len 1048570 plus --max-new-tokens 16 is 1048586 tokens, more than the model's 1048576 positions")
 
 
 def test_an_over_long_prompt_file_is_refused(tmp_path, capsys):

@@ -55,6 +55,16 @@ def test_check_failure_is_loud(capsys):
     assert "in bfloat16 a top-k of the MoE router or the DSA indexer can flip" in capsys.readouterr().err
 
 
+def test_the_table_shows_each_ranks_kv_cache_beside_its_peak(capsys):
+    memory = [{"rank": 0, "peak_bytes": 800 * 2**20, "kv_cache_bytes": 96 * 2**20},
+              {"rank": 1, "peak_bytes": 700 * 2**20, "kv_cache_bytes": 64.5 * 2**20}]
+    rows = [Row("vpp", ttft=[1.0], memory=memory)]
+    report(rows, {"transfer_s": 0.0, "layouts": {}, "memory_method": "peak RSS"}, BenchConfig(model="toy"),
+           as_json=False, atol=1e-3)
+    assert ("peak memory per rank, MiB (peak RSS), with its KV cache: vpp r0=800 (KV 96.0) r1=700 (KV 64.5)"
+            in capsys.readouterr().out)
+
+
 @pytest.fixture(scope="module")
 def fp8_dir(tmp_path_factory):
     from tests.models.fp8_tiny import make_fp8_case

@@ -132,7 +132,7 @@ def test_real_stages_declare_their_positions_for_the_prompt_check():
     from vpp.runtime.handshake import check_prompt, describe_stage
     model = open_model("tiny-deepseek")
     info = describe_stage(model.build((0, 2), ParallelGroups.single()))
-    assert info.max_positions == model.config["max_position_embeddings"] == 32768
-    too_long = torch.zeros(32769, dtype=torch.long)
-    assert check_prompt(too_long, info) == "prompt has 32769 tokens, more than the model's 32768 positions"
+    assert info.max_positions == model.config["max_position_embeddings"] == 2 ** 20  # 1M: long prompts run as is
+    too_long = torch.zeros(2 ** 20 + 1, dtype=torch.long)
+    assert check_prompt(too_long, info) == "prompt has 1048577 tokens, more than the model's 1048576 positions"
     assert check_prompt(too_long[:100], info) is None

@@ -37,6 +37,17 @@ def test_png_timeline(trace, tmp_path):
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_png_titles_say_simulated_or_measured(trace, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+    titles = []
+    monkeypatch.setattr(Axes, "set_title", lambda self, text, **kw: titles.append(text))
+    measured = Trace(trace.num_ranks, trace.spans, dict(trace.meta, source="executed"))
+    trace.plot(tmp_path / "s.png")
+    measured.plot(tmp_path / "m.png")
+    assert titles == ["vpp-async (simulated)", "vpp-async (measured)"]
+
+
 def test_simulated_summary_adds_up(trace):
     s = summarize(trace)
     for r in range(2):

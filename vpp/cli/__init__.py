@@ -57,7 +57,9 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message, prog=self.prog)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
+    """Every command's options (``"*"``), or only ``command``'s (None: none), so that ``vpp --version``
+    and ``vpp --help`` import no command module (and no torch, numpy or schedules)."""
     from vpp import __version__
     parser = _Parser(prog="vpp", description="Virtual Pipeline Parallelism for long-context chunked prefill. "
                      "Run 'vpp COMMAND --help' for a command's options.")
@@ -69,19 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Help)
         p.add_argument("--debug", action="store_true", help="show tracebacks")
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        if command in ("*", name):
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:  # bare `vpp`: what it can do, not an error
-        build_parser().print_help()
+        build_parser(None).print_help()
         return 0
     debug = "--debug" in argv
     prog = "vpp"
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(next((a for a in argv if a in COMMANDS), None)).parse_args(argv)
         prog = f"vpp {args.command}"
         # the arguments as given: under torchrun every rank (of every node) must have the same (launch's `same`)
         args._given = {"--" + k.replace("_", "-"): v for k, v in vars(args).items() if k not in ("_module", "debug")}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 
-from vpp.cli.calibration import calibrate
 from vpp.cli.args import UsageError, positive_int, writable_dir, writable_file
 from vpp.safe_write import write_text
 
@@ -45,6 +44,7 @@ def check(args) -> None:
 
 
 def run(args) -> int:
+    from vpp.cli.calibration import calibrate  # torch: only when it runs (vpp --help answers without it)
     from vpp.models.tiny import TINY_CONFIGS
     check = tuple(TINY_CONFIGS) if args.check else ()
     result = calibrate(args.model, args.tokens, args.chunk, threads=args.threads, runs=args.runs, link=args.link,

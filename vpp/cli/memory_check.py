@@ -13,7 +13,8 @@ def check_positions(config: dict, tokens: int, what: str) -> None:
     limit = config.get("max_position_embeddings")
     if limit is not None and tokens > int(limit):
         raise UsageError(f"{what} is {tokens} tokens, more than the model's {limit} positions "
-                         f"(max_position_embeddings in its config)")
+                         f"(max_position_embeddings in its config; a model directory goes further with a larger one "
+                         f"and a matching rope_scaling, e.g. YaRN)")
 
 
 def plan_ranks(model, layout, *, tp: int, tokens: int, chunk: int, device: str = "auto", dtype=None, cp: int = 1):

@@ -90,7 +90,9 @@ def add_arguments(p) -> None:
                         "schedule over the whole prompt, simulated), or even")
     p.add_argument("--repeat", type=positive_int, default=DEFAULT_ROUNDS,
                    help="rounds, each running every schedule once, interleaved")
-    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each schedule")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the untimed warm-up run of each schedule (two chunks; with --repeat 1 a short "
+                        "prompt of at most 256 tokens, so a long prompt is not computed twice)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="auto: a model directory's config torch_dtype, float32 for the built-in models; "
                         "16 bits (bf16) on an accelerator")
@@ -100,8 +102,10 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per spawned rank")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"),
                    help="one device per rank; auto: this machine's accelerator if it has one, else CPU")
-    p.add_argument("--timeout", type=positive_float, default=1800.0,
-                   help="seconds before a stuck rank fails the run (also the process group's timeout)")
+    p.add_argument("--timeout", type=positive_float, default=None,
+                   help="seconds before a stuck rank fails the run (also the process group's timeout); default "
+                        "1800, or more for long prompts: 8x the cost model's estimate of the planned work "
+                        "(vpp.cli.planned_work); a shorter explicit one is warned about")
     p.add_argument("--check", action="store_true", help="compare logits with an unpipelined forward")
     p.add_argument("--atol", type=nonnegative_float, default=None,
                    help="--check tolerance on |logits - reference| (default 1e-3 in float32; in 16 bits 8 ulps of "
@@ -160,6 +164,9 @@ def check(args) -> None:
     if args.trace:
         writable_files_in(args.trace, [s + suffix for s in args.schedules for suffix in TRACE_FILES], "--trace")
     check_devices(args.device, args.tp * args.pp)
+    from vpp.cli.planned_work import timeout_for
+    args.timeout = timeout_for(args.timeout, model.config, tokens=args.seq_len, tp=args.tp,
+                               runs=len(args.schedules) * args.repeat, device=args.device, command="prefill")
 
 
 def _config(args):
@@ -342,8 +349,9 @@ def _table(rows, facts, cfg) -> str:
     if why:
         lines.append(why)
     if any(r.memory for r in rows):
-        lines.append(f"peak memory per rank, MiB ({facts.get('memory_method')}): " + "; ".join(
-            f"{r.schedule} " + " ".join(f"r{m['rank']}={_mib(m)}" for m in r.memory) for r in rows))
+        lines.append(f"peak memory per rank, MiB ({facts.get('memory_method')}), with its KV cache: " + "; ".join(
+            f"{r.schedule} " + " ".join(f"r{m['rank']}={_mib(m)} (KV {m.get('kv_cache_bytes', 0) / 2**20:.1f})"
+                                        for m in r.memory) for r in rows))
     if "cpp" in cfg.schedules:
         lines.append("speed-up vs cpp = CPP's TTFT / this schedule's TTFT within each round, median [min-max] over "
                      "rounds (> 1: faster than CPP); bubble % = idle / (ranks x makespan)")

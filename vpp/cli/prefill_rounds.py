@@ -35,6 +35,7 @@ from vpp.runtime.layout_inference import check_agrees
 
 from vpp.models.run_layout import layout_for
 from vpp.perf.memory_plan import planned_chunk
+from vpp.cli.terminal import RankProgress
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,18 @@ def replay(plan, trace, transfer_s: float):
     return simulate_plan(plan, cost, check=False)
 
 
+SHORT_WARMUP = 256  # tokens of the warm-up of a single round (one short chunk through every stage)
+
+
+def warmup_tokens(cfg: BenchConfig) -> int:
+    """Tokens of the untimed warm-up run of each schedule: two chunks (the timed runs' shapes) when
+    there are several rounds; with ``repeat=1`` a short prompt of at most :data:`SHORT_WARMUP` tokens,
+    which warms the communicators and allocators without computing a long prompt twice."""
+    if cfg.repeat == 1:
+        return min(cfg.seq_len, SHORT_WARMUP)
+    return min(cfg.seq_len, 2 * cfg.chunk_size)
+
+
 def chunks_of(chunking, n: int, cached: int = 0) -> list[int]:
     """A chunking function's chunk sizes for ``n`` tokens after ``cached`` ones (the call convention
     of :func:`vpp.runtime.inputs.requests_for`)."""
@@ -178,6 +191,9 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[MeasuredPr
         n_chunks = len(chunks_of(chunking[sched], n, cached)) if callable(chunking[sched]) else -(-n // cfg.chunk_size)
         show = label and cfg.progress is not None and groups.global_rank == 0
         bar = cfg.progress(label, n_chunks) if show else None
+        if label and cfg.progress is not None and groups.tp.rank == 0:  # each pipeline rank tells its computes
+            spans = {s: layouts[sched].stage_layers[s] for s in layouts[sched].stages_of(groups.pp.rank)}
+            bar = RankProgress(label, groups.pp.rank, {s: b - a for s, (a, b) in spans.items()}, n_chunks, bar=bar)
         if cached:  # the cached prefix: prefilled untimed, its caches left in the stages for request 0
             forward_prefill(stages[sched], ids[:cached] if holds_first[sched] else None, chunking[sched], groups,
                             schedule=sched, timeout_s=cfg.timeout_s)
@@ -202,7 +218,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[MeasuredPr
 
     if cfg.warmup:
         for sched in cfg.schedules:
-            one(sched, prompt[: min(cfg.seq_len, 2 * cfg.chunk_size)], None)
+            one(sched, prompt[:warmup_tokens(cfg)], None)
     for r in range(cfg.repeat):
         round_ttft = {}
         for sched in cfg.schedules:
@@ -306,5 +322,5 @@ def write_traces(directory: str, traces: dict) -> list[str]:
 
 __all__ = [
     "BenchConfig", "MeasuredPrefill", "cache_bytes", "chunks_of", "gather_all", "measure_transfer",
-    "replay", "run_bench", "say", "weight_bytes", "write_traces",
+    "replay", "run_bench", "say", "warmup_tokens", "weight_bytes", "write_traces",
 ]

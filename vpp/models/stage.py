@@ -1,7 +1,9 @@
 """A pipeline stage: a contiguous range of decoder layers, plus the embedding on the stage that
 holds layer 0 and the final norm and LM head on the stage that holds the last layer.
 
-The contract the pipeline executor relies on (it knows nothing else about models)::
+It follows the stage contract, :class:`vpp.runtime.stage_contract.StageModule` (every member the
+runtime reads, with its meaning; checked at entry with one error naming every missing member). Its
+call, the part a model author meets first::
 
     stage(x, request, offset, *, last_token_only=False) -> Tensor
 

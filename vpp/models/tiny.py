@@ -22,10 +22,17 @@ chunk is the slowest of the three because the per-query gather is a fixed cost o
 
 from __future__ import annotations
 
+# Positions: 2^20 (1M), so a 100K-1M token prefill runs as is. A stated override, not a trained range:
+# the weights are random, so there is no context length they were trained to, and rotary embeddings
+# (RoPE with theta 1e6 for tiny-qwen and tiny-glm; tiny-deepseek's YaRN, factor 8 over 4096 original
+# positions, kept so its numbers do not change) are defined at every position. A model directory keeps
+# its config's max_position_embeddings; raise it there (with its rope_scaling) to go further.
+MAX_POSITIONS = 1 << 20
+
 _COMMON = {
     "vocab_size": 2048, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 6,
     "num_attention_heads": 8, "moe_intermediate_size": 128, "num_experts_per_tok": 4, "norm_topk_prob": True,
-    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False,
+    "max_position_embeddings": MAX_POSITIONS, "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False,
     "initializer_range": 0.02, "attention_bias": False, "bos_token_id": 0, "eos_token_id": 1,
 }
 
@@ -67,4 +74,4 @@ TINY_CONFIGS: dict[str, dict] = {
 }
 
 
-__all__ = ["TINY_CONFIGS"]
+__all__ = ["MAX_POSITIONS", "TINY_CONFIGS"]

@@ -291,8 +291,11 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
            threads: int = 1, pg_timeout_s: float | None = None, device: str | None = None,
            same: dict | None = None) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on every rank: in this process when started by torchrun
-    (one rank per process, any number of nodes; returns ``[this rank's value]``), else on
-    ``world_size`` spawned ranks of this node (returns every rank's value). ``device``: ``"cpu"``,
+    (one rank per process, any number of nodes), else on ``world_size`` spawned ranks of this node.
+    Returns the same shape both ways: a list indexed by global rank, one entry per rank of the world
+    (``launch(...)[0]`` is global rank 0's value). Spawned, this process holds every rank's value;
+    under torchrun each process holds only its own, and the other entries are None (values are not
+    sent between ranks: each process reports what it computed). ``device``: ``"cpu"``,
     ``"cuda"``, ``"npu"`` or ``None`` (this machine's accelerator if it has one), one device per rank
     and the backend that goes with it, under torchrun and spawned alike. ``pg_timeout_s`` bounds every
     collective of the process group (default: ``timeout``).
@@ -321,7 +324,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
             if same is not None:
                 check_same_on_every_rank(same)
             heartbeat.phase = "while running its work, after the process group was created"
-            value = fn(dist.get_rank(), dist.get_world_size(), *args)
+            rank, world = dist.get_rank(), dist.get_world_size()
+            value = fn(rank, world, *args)
         except Exception as exc:
             died = record_failure(exc, heartbeat)
             if died is not None:  # a transfer lost its peer: name the rank that died
@@ -330,7 +334,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
             raise
         heartbeat.finish()
         dist.destroy_process_group()
-        return [value]
+        return [value if r == rank else None for r in range(world)]
     return run_distributed(fn, world_size, *args, timeout=timeout, threads=threads, pg_timeout_s=pg_timeout_s,
                            device=device)
 

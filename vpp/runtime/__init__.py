@@ -6,7 +6,8 @@ This is a model author's one import for running: the prefill calls (``forward_vp
 ``forward_cpp_prefill``, ``forward_dcpp_prefill``, ``forward_prefill``), ``Pipeline`` for an inference
 loop, and :func:`vpp.schedules.make_layout` (re-exported: the layout the calls run on).
 
-It knows the stage contract (:mod:`vpp.models.stage` documents it) but imports no model code.
+It knows the stage contract (:class:`.stage_contract.StageModule`, every member it reads) but imports no
+model code; :mod:`.layer_stages` cuts a model author's own layers into stages that follow it.
 """
 
 from vpp.schedules import Layout, make_layout

@@ -59,7 +59,8 @@ def forward_prefill(
     chunk sizes (a DCPP planner's ``chunk_sizes``). A stream may carry ``arrivals`` (seconds after the
     start; each request enters the pipeline no earlier) and a ``concurrency`` limit (at most that many
     requests in flight). ``progress(n)`` is called on the rank holding stage 0 after each chunk it
-    feeds into the pipeline. Every argument problem raises the same error on every rank; every wait
+    feeds into the pipeline; a ``progress`` with a ``computed(stage, request, chunk, seconds)`` method
+    is also told of every compute on its rank (``vpp prefill`` shows them per rank, with the time left). Every argument problem raises the same error on every rank; every wait
     is bounded by ``timeout_s``. ``cached_tokens=N``: the first N tokens of each prompt are already in
     the stages' caches under its request id (an earlier prefill of them, or ``Pipeline.import_cache``);
     only the rest is chunked and computed (see :meth:`~.pipeline.Pipeline.prefill`). ``steps``: steps

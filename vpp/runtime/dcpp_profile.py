@@ -23,6 +23,7 @@ from vpp.parallel.groups import ParallelGroups
 from vpp.schedules.dcpp import DEFAULT_VARIANT, DcppPlanner, profiled_rank
 
 from .inputs import is_count
+from .stage_contract import check_stages
 
 PROFILE_REQUEST = "vpp-dcpp-profile"
 
@@ -56,6 +57,7 @@ def profile_planner(stages: Sequence[torch.nn.Module], groups: ParallelGroups, b
     """A :class:`DcppPlanner` fitted on the real stages of the profiled pipeline rank (a collective:
     call it on every rank). ``planner_kw`` go to :class:`DcppPlanner` (``align``, ``merge_tail`` ...)."""
     planner = DcppPlanner(variant, budget=check_budget(budget), **planner_kw)
+    check_stages(stages)  # before the profile calls them
     if groups.pp.rank == profiled_rank(variant, groups.pp.size):
         timers = [stage_timer(s, groups) for s in stages]
         planner.profile(lambda n: sum(t(n) for t in timers))

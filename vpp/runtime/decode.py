@@ -16,7 +16,7 @@ sampling).
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,7 @@ from .watchdog import Watchdog
 # "Pipeline" below is :class:`.pipeline.Pipeline`, which imports this module (so this one cannot).
 
 
-def run_stage_decode(stage: torch.nn.Module, x: torch.Tensor, requests: Sequence[Hashable]) -> torch.Tensor:
+def run_stage_decode(stage: torch.nn.Module, x: torch.Tensor, requests: Sequence[int]) -> torch.Tensor:
     """``stage.decode(x, requests)``, or one stage-contract call per request."""
     if hasattr(stage, "decode"):
         return stage.decode(x, list(requests))
@@ -45,7 +45,7 @@ def _watchdog(pipe: "Pipeline", what: str) -> Watchdog:
 
 
 @torch.inference_mode()
-def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[Hashable]) -> torch.Tensor:
+def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[int]) -> torch.Tensor:
     """Next-token logits [B, vocab] (float32, CPU) on every rank; see the module docstring."""
     check_tokens(tokens, requests, pipe.first.vocab_size)
     layout, groups, me = pipe.layout, pipe.groups, pipe.groups.pp.rank
@@ -94,7 +94,7 @@ def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[Hashable]
     return logits
 
 
-def check_tokens(tokens, requests: Sequence[Hashable], vocab_size: int) -> None:
+def check_tokens(tokens, requests: Sequence[int], vocab_size: int) -> None:
     """One token id per request, in the vocabulary (the same on every rank, so every rank raises alike:
     a negative id would otherwise index the embedding from its end)."""
     if not isinstance(tokens, torch.Tensor):
@@ -111,7 +111,7 @@ def check_tokens(tokens, requests: Sequence[Hashable], vocab_size: int) -> None:
         raise ValueError(f"decode tokens hold ids in [{lo}, {hi}] outside the vocabulary [0, {vocab_size})")
 
 
-def check_caches(pipe: "Pipeline", requests: Sequence[Hashable]) -> None:
+def check_caches(pipe: "Pipeline", requests: Sequence[int]) -> None:
     """Every request must hold a prefilled prefix on this rank's stages (a released or unknown request
     would otherwise start from nothing and decode garbage) with room for one more position."""
     limit = pipe.first.max_positions

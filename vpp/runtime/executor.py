@@ -286,9 +286,13 @@ class Executor:
         if self.ops is not None:
             self._bound_run_ahead()
         end = self._now()
-        if self.progress is not None and a.stage == 0:
-            self.entered += 1
-            self.progress(self.entered)
+        if self.progress is not None:
+            if a.stage == 0:
+                self.entered += 1
+                self.progress(self.entered)
+            computed = getattr(self.progress, "computed", None)  # optional: every compute of this rank
+            if computed is not None:
+                computed(a.stage, a.request, a.chunk, end - start)
         if last:
             if a.chunk == q.num_chunks - 1:
                 self.logits[a.request] = out[-1]

@@ -40,6 +40,7 @@ from .executor import Executor
 from .layout_inference import check_stage_shapes, infer_layout
 from .prefill_output import PrefillOutput
 from .sampling import Sampler
+from .stage_contract import check_stages
 from .traces import gather_trace
 from .watchdog import rendezvous
 
@@ -66,7 +67,7 @@ class Generation:
     ``decode_s`` (the decode steps; per output token: ``decode_s / max(steps, 1)``); ``handover_s``:
     the KV hand-over to a decode instance, when there was one (:mod:`vpp.kv.disaggregated`)."""
 
-    tokens: dict[Hashable, list[int]]
+    tokens: dict[int, list[int]]
     ttft_s: float
     decode_s: float
     steps: int
@@ -100,6 +101,7 @@ class Pipeline:
         if isinstance(stages, torch.nn.Module) or not isinstance(stages, Sequence):
             raise TypeError(f"stages must be a list of this rank's stage modules, got {type(stages).__name__}")
         self.stages, self.groups = list(stages), groups
+        check_stages(self.stages)  # every missing member of every stage, in one error
         infos = handshake.exchange(self.stages, groups, None, timeout_s=self.timeout_s)
         self.key, self.steps = infos[0].run_key, 0  # the same on every rank: names decode steps' notices
         self.stopped: str | None = None  # why a call stopped in the middle of its transfers (see check_usable)
@@ -130,7 +132,7 @@ class Pipeline:
     # --- prefill ---------------------------------------------------------------------------------
 
     def prefill(self, input_ids: Any, chunk_size: inputs.Chunking, *, schedule: str = "vpp",
-                request_ids: Sequence[Hashable] | None = None, arrivals: Sequence[float] | None = None,
+                request_ids: Sequence[int] | None = None, arrivals: Sequence[float] | None = None,
                 concurrency: int | None = None, return_trace: bool = False, progress=None,
                 decode_room: int = 0, cached_tokens: int | Sequence[int] = 0, steps=None) -> PrefillOutput:
         """Prefill one prompt or a stream of them (see :func:`vpp.runtime.api.forward_prefill`).
@@ -229,7 +231,7 @@ class Pipeline:
         if first is not None:
             finite.raise_nonfinite(first, self.layout, dict(enumerate(self.layout.stage_layers)), what=what)
 
-    def _nonfinite_layer(self, stage: int, request: Hashable) -> int | None:
+    def _nonfinite_layer(self, stage: int, request: int) -> int | None:
         ask = getattr(self.mine.get(stage), "nonfinite_layer", None)  # optional in the stage contract
         return ask(request) if ask is not None and request is not None else None
 
@@ -313,7 +315,7 @@ class Pipeline:
 
     # --- decode ----------------------------------------------------------------------------------
 
-    def next_logits(self, output: PrefillOutput, request_ids: Sequence[Hashable]) -> torch.Tensor:
+    def next_logits(self, output: PrefillOutput, request_ids: Sequence[int]) -> torch.Tensor:
         """The prefill's last-token logits of ``request_ids`` as [B, vocab] float32 on every rank."""
         self.check_usable()
         local = None
@@ -321,13 +323,13 @@ class Pipeline:
             local = torch.stack([output.all_logits[q].reshape(-1) for q in request_ids])
         return broadcast_logits(self, local, len(request_ids))
 
-    def decode(self, tokens: torch.Tensor, request_ids: Sequence[Hashable]) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, request_ids: Sequence[int]) -> torch.Tensor:
         """Append one token per request (``tokens`` [B], the same on every rank) to its caches and
         return the next-token logits [B, vocab] (float32) on every rank."""
         self.check_usable()
         return decode_step(self, tokens, list(request_ids))
 
-    def release(self, request: Hashable) -> None:
+    def release(self, request: int) -> None:
         """Free every cache ``request`` holds on this rank's stages."""
         for stage in self.stages:
             stage.release(request)
@@ -373,7 +375,7 @@ class Pipeline:
             stage.import_cache(request, mine)
 
     def generate(self, prompts: Any, max_new_tokens: int, chunk_size: inputs.Chunking, *, schedule: str = "vpp",
-                 sampler: Sampler | None = None, request_ids: Sequence[Hashable] | None = None,
+                 sampler: Sampler | None = None, request_ids: Sequence[int] | None = None,
                  eos_token_id: int | None = None, release: bool = True, on_tokens=None,
                  cached_tokens: int | Sequence[int] = 0) -> Generation:
         """Prefill ``prompts`` with ``schedule``, then decode up to ``max_new_tokens`` tokens per request,
@@ -405,7 +407,7 @@ class Pipeline:
                     self.release(q)
         return Generation(generated, ttft, decode_s, steps)
 
-    def continue_generation(self, generated: dict[Hashable, list[int]], max_new_tokens: int, sampler: Sampler, *,
+    def continue_generation(self, generated: dict[int, list[int]], max_new_tokens: int, sampler: Sampler, *,
                             eos_token_id: int | None = None, on_tokens=None) -> tuple[int, float]:
         """Decode the requests of ``generated`` (request id -> the tokens generated so far, the last one
         not yet in the caches) until each has ``max_new_tokens`` tokens or ends with ``eos_token_id``,

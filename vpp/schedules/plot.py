@@ -10,6 +10,13 @@ from vpp.safe_write import atomic_open
 from .summary import timeline
 
 COMM_COLOR, BUBBLE_COLOR = "#222222", "#d9d9d9"
+SOURCES = {"simulated": "simulated", "executed": "measured"}  # a trace's meta "source" -> the title's word
+
+
+def default_title(trace: "Trace") -> str:
+    """The plan's name and where the trace comes from: ``"vpp-async (measured)"``, ``"cpp (simulated)"``."""
+    plan, source = str(trace.meta.get("plan", "")), SOURCES.get(trace.meta.get("source"))
+    return f"{plan} ({source})" if source else plan
 
 
 def plot_trace(trace: "Trace", path, *, title: str | None = None, unit: str = "s", width: float = 12.0) -> None:
@@ -47,7 +54,7 @@ def plot_trace(trace: "Trace", path, *, title: str | None = None, unit: str = "s
     ax.set_yticks(range(trace.num_ranks), [f"pp{r}" for r in reversed(range(trace.num_ranks))])
     ax.set_xlim(0, span)
     ax.set_xlabel(f"time ({unit})")
-    ax.set_title(title or str(trace.meta.get("plan", "")), loc="left")
+    ax.set_title(title or default_title(trace), loc="left")
     ax.legend(handles=[Patch(facecolor="white", edgecolor="black", label="compute (stage/chunk)"),
                        Patch(facecolor=COMM_COLOR, label="exposed comm"),
                        Patch(facecolor=BUBBLE_COLOR, hatch="//", edgecolor="grey", label="bubble")],
@@ -57,4 +64,4 @@ def plot_trace(trace: "Trace", path, *, title: str | None = None, unit: str = "s
         fig.savefig(f, dpi=120, format=os.path.splitext(os.fspath(path))[1].lstrip(".") or "png")
 
 
-__all__ = ["plot_trace"]
+__all__ = ["SOURCES", "default_title", "plot_trace"]
