@@ -58,7 +58,7 @@ def test_check_failure_is_loud(capsys):
 def test_the_table_shows_each_ranks_kv_cache_beside_its_peak(capsys):
     memory = [{"rank": 0, "peak_bytes": 800 * 2**20, "kv_cache_bytes": 96 * 2**20},
               {"rank": 1, "peak_bytes": 700 * 2**20, "kv_cache_bytes": 64.5 * 2**20}]
-    rows = [Row("vpp", ttft=[1.0], memory=memory)]
+    rows = [MeasuredPrefill("vpp", ttft=[1.0], memory=memory)]
     report(rows, {"transfer_s": 0.0, "layouts": {}, "memory_method": "peak RSS"}, BenchConfig(model="toy"),
            as_json=False, atol=1e-3)
     assert ("peak memory per rank, MiB (peak RSS), with its KV cache: vpp r0=800 (KV 96.0) r1=700 (KV 64.5)"
