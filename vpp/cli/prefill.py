@@ -154,6 +154,7 @@ def check(args) -> None:
         args.memory_plan = check_memory(model, {"cp": cp_layouts["cpp"]}, tp=args.tp, tokens=args.seq_len,
                                         chunk=args.chunk_size, device=args.device, cp=args.cp)
         check_devices(args.device, args.tp * args.cp)
+        _resolve_timeout(args, model, runs=args.repeat)
         return
     _, args.layouts = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
                                    chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
@@ -164,9 +165,14 @@ def check(args) -> None:
     if args.trace:
         writable_files_in(args.trace, [s + suffix for s in args.schedules for suffix in TRACE_FILES], "--trace")
     check_devices(args.device, args.tp * args.pp)
+    _resolve_timeout(args, model, runs=len(args.schedules) * args.repeat)
+
+
+def _resolve_timeout(args, model, *, runs: int) -> None:
+    """``--timeout`` as given (warned when shorter than the planned work), or grown with it."""
     from vpp.cli.planned_work import timeout_for
-    args.timeout = timeout_for(args.timeout, model.config, tokens=args.seq_len, tp=args.tp,
-                               runs=len(args.schedules) * args.repeat, device=args.device, command="prefill")
+    args.timeout = timeout_for(args.timeout, model.config, tokens=args.seq_len, tp=args.tp, runs=runs,
+                               device=args.device, command="prefill")
 
 
 def _config(args):
