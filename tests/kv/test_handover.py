@@ -68,7 +68,8 @@ def _world(rank, world, cases, prompt, kv_root):
             if link.is_prefill:
                 res = pipe.prefill(prompt if first else None, 8, schedule=schedule, request_ids=[7])
                 ids = [int(greedy.sample(pipe.next_logits(res, [7]))[0])]
-            report = hand_over(pipe, link, [7] if link.is_prefill else None, payload=ids, reserve=NEW)
+            report = _logged(lambda: hand_over(pipe, link, [7] if link.is_prefill else None, payload=ids,
+                                               reserve=NEW), out, (name, "first transfers", rank))
             out[(name, "bytes", rank)] = (report.bytes_sent, report.bytes_received, report.cache_bytes,
                                           report.tokens[7])
             if not link.is_prefill:
@@ -91,6 +92,33 @@ def _world(rank, world, cases, prompt, kv_root):
                 out[(name, "directory", rank)] = (generated[11], manifest["writer"])
                 pipe.release(11)
     return out
+
+
+def _logged(call, out, key):
+    """Run ``call`` with the hand-over's transfers logged: ``out[key]`` = the elements of the first
+    transfer with each peer (the pair's set-up, issue 33 item 6: one element before any payload)."""
+    import vpp.kv.handover as handover_module
+    real = handover_module.dist
+    first: dict[int, int] = {}
+
+    class Logged:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def isend(self, tensor, dst, **kw):
+            first.setdefault(dst, tensor.numel())
+            return real.isend(tensor, dst=dst, **kw)
+
+        def irecv(self, tensor, src, **kw):
+            first.setdefault(src, tensor.numel())
+            return real.irecv(tensor, src=src, **kw)
+
+    handover_module.dist = Logged()
+    try:
+        return call()
+    finally:
+        handover_module.dist = real
+        out[key] = first
 
 
 def _cache_bytes_per_token(cfg: dict, tp: int) -> int:
@@ -119,6 +147,14 @@ def world_results(references, tmp_path_factory, worlds):
     for r in per_rank:
         merged.update({k: v for k, v in r.items() if v is not None})
     return merged
+
+
+@pytest.mark.slow
+def test_each_pair_is_set_up_with_one_element_before_its_payload(world_results):
+    firsts = {k: v for k, v in world_results.items() if k[1] == "first transfers"}
+    assert firsts and any(firsts.values())  # every family ran, and some rank moved bytes
+    for key, first in firsts.items():
+        assert all(n == 1 for n in first.values()), (key, first)
 
 
 @pytest.mark.slow

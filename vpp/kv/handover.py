@@ -193,6 +193,7 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
     tokens = {}
     moving = time.perf_counter()
     try:
+        warm_pairs(plan, me, link.groups.device, watchdog, timeout_s=timeout_s)
         for q in requests:
             q_shapes = {}
             for r in link.prefill_ranks:  # every tensor's shape, from the rank(s) holding it
@@ -217,6 +218,24 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
     end = time.perf_counter()
     return HandoverReport(requests, tokens, sent, received, held, end - start, by_rank[link.prefill_ranks[0]].payload,
                           len(plan), end - moving)
+
+
+def warm_pairs(plan: Sequence[Transfer], me: int, device: torch.device, watchdog: Watchdog, *,
+               timeout_s: float) -> list[tuple[int, int]]:
+    """Set up the communicator of every (source, destination) pair of the plan that this rank is in
+    before the first payload moves: NCCL and HCCL create a pair's communicator inside its first
+    transfer, blocking the host where nothing can raise. Pair by pair, in one order on every rank (so
+    no two set-ups wait for each other in a cycle): a bounded meeting of the two in the store, which
+    names a peer that never comes within ``timeout_s``, then one element from source to destination.
+    Returns the pairs warmed."""
+    pairs = sorted({(t.src, t.dst) for t in plan if me in (t.src, t.dst) and t.src != t.dst})
+    one = torch.zeros(1, device=device)
+    for src, dst in pairs:
+        peer = dst if me == src else src
+        rendezvous(f"the KV hand-over pair {src}->{dst}'s set-up", me, (src, dst), timeout_s=timeout_s)
+        work = dist.isend(one, dst=dst) if me == src else dist.irecv(one, src=src)
+        watchdog.wait(work, f"setting up the hand-over pair {src}->{dst}", peer)
+    return pairs
 
 
 def _send(pipe, request: Hashable, plan: list[Transfer], me: int, watchdog: Watchdog) -> int:
@@ -267,4 +286,5 @@ def install_caches(pipe, request: Hashable, tensors: dict[str, torch.Tensor], to
 
 
 __all__ = ["HandoverInfo", "HandoverReport", "cache_shapes_of", "compatibility_problem", "hand_over", "install_caches",
+           "warm_pairs",
            "local_caches", "pieces_of"]

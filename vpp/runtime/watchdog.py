@@ -27,6 +27,7 @@ it (:func:`polls_completion`), never the machine.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import hashlib
 import itertools
 import queue
 import threading
@@ -381,7 +382,8 @@ def rendezvous(what: str, me: int, world, *, timeout_s: float, poll_s: float = 0
     store = default_store()
     if store is None or len(members) <= 1:
         return
-    scope = "" if members == tuple(range(len(members))) else f"{members[0]}+{len(members)}/"
+    # members other than 0..n-1 (an instance, a pair): their own keys, named by a digest of who they are
+    scope = "" if members == tuple(range(len(members))) else hashlib.sha1(repr(members).encode()).hexdigest()[:12] + "/"
     keys = {r: f"vpp/meet/{scope}{n}/{r}" for r in members}
     store.set(keys[me], what)
     deadline = time.monotonic() + timeout_s
