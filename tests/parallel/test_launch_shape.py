@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow  # every test here starts processes
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = """
 import json
+import sys
 from vpp.parallel import launch
 
 
@@ -25,7 +26,9 @@ def value(rank, world):
 
 
 if __name__ == "__main__":
-    print("RESULT", json.dumps(launch(value, 2)), flush=True)
+    # one write: torchrun's ranks write unbuffered to one pipe, and print's pieces would interleave
+    sys.stdout.write("RESULT " + json.dumps(launch(value, 2)) + "\\n")
+    sys.stdout.flush()
 """
 
 
