@@ -59,7 +59,7 @@ def check(args) -> None:
         raise UsageError(f"--contenders gpipe needs prompt lengths that are multiples of --chunk-size "
                          f"{args.chunk_size}; the {args.workload} workload has {sorted(set(lengths))[:6]} "
                          f"(drop gpipe or change --chunk-size / --scale)")
-    schedules = [c for c in contenders if strategies.get(c).builder is not None] or ["cpp"]  # vpp plans
+    schedules = [c for c in contenders if strategies.get(c).builder is not None] or ["cpp"]  # those with a builder
     model, layouts = open_checked(args.model, tp=1, pp=args.pp, schedules=list(dict.fromkeys(contenders + tuple(schedules))))
     check_positions(model.config, max(lengths), f"the longest prompt of the {args.workload} workload")
     check_memory(model, {s: layouts[s] for s in schedules}, tp=1, tokens=max(lengths), chunk=args.chunk_size)

@@ -13,7 +13,7 @@ name means the same thing everywhere and an unknown name gives the same error ev
 * ``vpp-async``  -- VPP with one slot of slack per remote hop and non-blocking transfers.
 * ``vpp-packed`` -- VPP-Async with cross-request pipelined packing (Algorithm 2).
 * ``gpipe``      -- an outside reference: torch.distributed.pipelining's GPipe on the same stages,
-  chunks as micro-batches. It has no vpp plan (PyTorch's runtime schedules it); its simulated
+  chunks as micro-batches. It has no plan of vpp's (PyTorch's runtime schedules it); its simulated
   counterpart is ``cpp``.
 
 Three variants put those in context in simulations (``variant=True``; offered by no default list):
@@ -60,7 +60,7 @@ class Strategy:
         ``any_layout``: build on whatever layout is given (a simulation's what-if), else a V strategy
         refuses a loop of several ranks (stage modules that cannot run it)."""
         if self.builder is None:
-            raise ValueError(f"{self.name} has no vpp plan: {self.description}")
+            raise ValueError(f"{self.name} has no plan of vpp's: {self.description}")
         if not any_layout and self.layout == "v" and layout.kind == "loop" and layout.num_ranks > 1:
             raise ValueError(f"{self.name} needs 2f stages per rank (a V); the stage modules form "
                              f"{layout.describe()}")
@@ -115,7 +115,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
 )}
 
 # what the commands offer by default
-PLANNED = tuple(n for n, s in STRATEGIES.items() if s.builder is not None and not s.variant)  # vpp plans
+PLANNED = tuple(n for n, s in STRATEGIES.items() if s.builder is not None and not s.variant)  # the ones with a builder
 PIPELINE = tuple(n for n in PLANNED if STRATEGIES[n].chunking == "fixed")  # runnable from fixed chunks alone
 CONTENDERS = tuple(n for n, s in STRATEGIES.items() if not s.variant)  # real-rank stream comparison
 
