@@ -1,14 +1,26 @@
 """Context parallelism measured: TTFT of one prompt on one rank (PP1), on two CP ranks (CP2) and on a
 two-rank pipeline (PP2, VPP-Async), side by side on this machine's CPU ranks (gloo, one thread each).
 
-Each configuration runs as its own ``vpp prefill --json`` (one untimed warm-up inside, then one timed
-prefill); rounds interleave the configurations (PP1, CP2, PP2, then again), so a slower moment of a
-shared machine falls on all of them alike. Reported per (model, length): median and [min-max] TTFT
-over the rounds and CP2 / PP1, PP2 / PP1 per round (median [min-max]). Run
-``python -m benchmarks.cp_runs`` (16K and 32K tokens on tiny-deepseek and tiny-qwen, 3 rounds; writes
-``--out`` + .md and .json, by default cp_runs in the results folder); ``--lengths 4096 --rounds 2
---models tiny-qwen`` for a quick look. No results are committed yet: the 16K/32K runs did not fit the
-session that wrote this script.
+Each configuration runs as its own ``vpp prefill --json`` (one short untimed warm-up inside, then one
+timed prefill); rounds interleave the configurations (PP1, CP2, PP2, then again), so a slower moment of
+a shared machine falls on all of them alike. Reported per (model, length): median and [min-max] TTFT
+over the rounds and CP2 / PP1, PP2 / PP1 per round (median [min-max]).
+
+Predicted beside measured: before the rounds, ``vpp calibrate --link --model M --tokens T --chunk C
+--runs 1`` fits this machine's ``cpu`` preset for each model M (GEMM and copy rates and the gloo link
+timed; the attention efficiency and a per-kernel constant fitted on M's chunk times in one one-rank
+prefill of T = the shortest length tokens in the runs' C-token chunks: the PP1 run's shape, never a CP
+or PP2 one); the cost model then predicts each configuration's TTFT: PP1 as
+:class:`~vpp.perf.deployment.DeploymentCost` on one rank, CP2 as
+:class:`~vpp.perf.cp.ContextParallelCost` (cp=2, Meta's rule per chunk as the runtime's ``auto``,
+experts on every CP rank as the runtime keeps them), PP2 VPP-Async as the simulated plan on the run's
+layout, each through :func:`vpp.schedules.runner.simulate`.
+
+Run ``python -m benchmarks.cp_runs`` (16K and 32K tokens on tiny-deepseek and tiny-qwen, 3 rounds;
+writes ``--out`` + .md, .json and _calibration_MODEL.json, by default cp_runs in the results folder);
+``--lengths 4096 --rounds 2 --models tiny-qwen`` for a quick look; ``--calibration FILE`` reuses
+calibrations (``{model}`` in FILE stands for the model's name); ``--from-json FILE`` re-renders a
+results file (predictions recomputed) without measuring.
 """
 
 from __future__ import annotations
@@ -69,6 +81,45 @@ def run(models, lengths, rounds: int, chunk: int) -> list[dict]:
     return cells
 
 
+def predict(model: str, length: int, chunk: int, config: str, device) -> float:
+    """The cost model's TTFT of one configuration on ``device`` (see the module docstring)."""
+    from vpp.models.registry import open_model
+    from vpp.models.run_layout import layout_for
+    from vpp.models.tiny import TINY_CONFIGS
+    from vpp.perf.arch import Arch
+    from vpp.perf.cp import ContextParallelCost
+    from vpp.perf.deployment import DeploymentCost
+    from vpp.perf.ops import Parallel
+    from vpp.schedules.runner import simulate
+    arch = Arch.from_config(TINY_CONFIGS[model], name=model)
+    par = Parallel(tp=1, act_bytes=4, weight_bytes=4, kv_bytes=4)
+    strategy = "vpp-async" if config == "pp2-vpp-async" else "cpp"
+    layout = layout_for(open_model(model), strategy, 2 if config == "pp2-vpp-async" else 1)
+    if config == "cp2":
+        cost = ContextParallelCost(arch, device, layout, par, cp=2, ring="rule", experts="rank")
+    else:
+        cost = DeploymentCost(arch, device, layout, par)
+    return simulate(strategy, layout, length, cost, chunk_size=chunk).summary.makespan
+
+
+def add_predictions(cells, calibration: str) -> None:
+    """Each cell's predicted TTFT per configuration, on its model's calibration (``{model}`` in the path)."""
+    from vpp.perf.hardware import get_device
+    for cell in cells:
+        device = get_device("cpu", calibration.format(model=cell["model"]))
+        cell["predicted_s"] = {c: predict(cell["model"], cell["length"], cell["chunk"], c, device) for c in CONFIGS}
+        cell["predicted_over_measured"] = {c: cell["predicted_s"][c] / cell["ttft_s"][c]["median"] for c in CONFIGS}
+
+
+def calibrate(path: str, model: str, tokens: int, chunk: int) -> None:
+    argv = [sys.executable, "-m", "vpp", "calibrate", "--link", "--model", model, "--tokens", str(tokens),
+            "--chunk", str(chunk), "--runs", "1", "--out", path]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"vpp calibrate: exit {done.returncode}: {done.stderr.strip()[-400:]}")
+    print(done.stdout, file=sys.stderr, flush=True)
+
+
 def _fmt(s: dict, digits: int = 2) -> str:
     return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
 
@@ -88,6 +139,15 @@ def markdown(cells, rounds: int, load: str) -> str:
     lines += ["", "CPU seconds per run (all ranks, median): " + "; ".join(
         f"{c['model']} {c['length']}: " + ", ".join(f"{k} {v['median']:.1f}" for k, v in c["cpu_s"].items())
         for c in cells)]
+    if all("predicted_s" in c for c in cells):
+        lines += ["", "Predicted by the cost model with the `cpu` preset that `vpp calibrate` fitted for each model "
+                  "before the rounds (on one one-rank prefill of the shortest length: the PP1 shape; CP2 and "
+                  "PP2 never fitted; see the script's docstring): TTFT in seconds and predicted / measured median.", "",
+                  "| model | tokens | PP1 | CP2 | PP2 VPP-Async |", "|---|---|---|---|---|"]
+        for c in cells:
+            p, r = c["predicted_s"], c["predicted_over_measured"]
+            lines.append(f"| {c['model']} | {c['length']} | " + " | ".join(
+                f"{p[k]:.2f} ({r[k]:.2f}x)" for k in CONFIGS) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -98,14 +158,30 @@ def main(argv=None) -> int:
     p.add_argument("--chunk-size", type=int, default=4096)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default="benchmarks/results/cp_runs")
+    p.add_argument("--calibration", help="`vpp calibrate` JSON(s) to predict with, {model} standing for the model "
+                                         "(default: calibrate each model first, writing OUT_calibration_{model}.json)")
+    p.add_argument("--from-json", help="re-render this results file (predictions recomputed), measuring nothing")
     args = p.parse_args(argv)
-    load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start"
-    cells = run(args.models.split(","), [int(x) for x in args.lengths.split(",")], args.rounds, args.chunk_size)
+    if args.from_json:
+        with open(args.from_json) as f:
+            data = json.load(f)
+        cells, load, rounds = data["cells"], data["load"], data["rounds"]
+        calibration = args.calibration or data["calibration"]
+    else:
+        calibration = args.calibration or args.out + "_calibration_{model}.json"
+        if not args.calibration:
+            lengths = [int(x) for x in args.lengths.split(",")]
+            for model in args.models.split(","):
+                calibrate(calibration.format(model=model), model, min(lengths), min(args.chunk_size, min(lengths)))
+        load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start"
+        rounds = args.rounds
+        cells = run(args.models.split(","), [int(x) for x in args.lengths.split(",")], args.rounds, args.chunk_size)
+    add_predictions(cells, calibration)
     with open(args.out + ".json", "w") as f:
-        json.dump({"cells": cells, "rounds": args.rounds, "load": load}, f, indent=2)
+        json.dump({"cells": cells, "rounds": rounds, "load": load, "calibration": calibration}, f, indent=2)
     with open(args.out + ".md", "w") as f:
-        f.write(markdown(cells, args.rounds, load))
-    print(markdown(cells, args.rounds, load))
+        f.write(markdown(cells, rounds, load))
+    print(markdown(cells, rounds, load))
     return 0
 
 

@@ -131,3 +131,38 @@ def test_a_ragged_piece_makes_the_ring_wait_for_its_slowest_rank():
     ring = ContextParallelCost(arch, DEV, make_layout("loop", 2, 1), Parallel(tp=1), cp=2).ring_of(0, 10, 0)
     attn = 2 * ring.step_compute
     assert ring.sync == pytest.approx(DEV.cp_p2p(0.0, DEV.ring_bw(2)) + straggle(10, 2, attn))
+
+
+def test_the_rule_ring_picks_what_the_runtime_picks_for_every_tiny_model():
+    """ring="rule" applies the runtime's --cp-attention auto (Meta's rule) chunk by chunk: the same
+    threshold as the model's own attention layer (kv_per_q), the same choice per (chunk, prefix)."""
+    from vpp.models import build_stage, random_checkpoint
+    from vpp.models.tiny import TINY_CONFIGS
+    from vpp.parallel import ParallelGroups
+    from vpp.perf.cp import kv_per_q, meta_rule
+    from vpp.transformer.attention.context_parallel import choose_method
+    for name in ("tiny-qwen", "tiny-deepseek"):
+        cfg = TINY_CONFIGS[name]
+        arch = Arch.from_config(cfg, name=name)
+        stage = build_stage(cfg, (0, 1), ParallelGroups.single(), weights=random_checkpoint(cfg, 0))
+        layer_rule = next(iter(stage.model.layers.values())).self_attn.kv_per_q()
+        assert kv_per_q(arch) == pytest.approx(layer_rule)
+        cost = ContextParallelCost(arch, DEV, make_layout("loop", arch.layers, 1), Parallel(), cp=2, ring="rule")
+        for tokens, prefix in ((4096, 0), (4096, 4096), (4096, 12288), (64, 100000), (512, 300)):
+            want = choose_method(tokens, prefix, layer_rule)
+            assert meta_rule(tokens, prefix, arch) == want == cost.ring_of(0, tokens, prefix).chosen
+
+
+def test_experts_kept_on_every_cp_rank_cost_no_all_to_all():
+    arch = Arch.from_config(TINY_MLA)
+    layout = make_layout("loop", 2, 1)
+    spread = ContextParallelCost(arch, DEV, layout, Parallel(), cp=2, ring="pass-kv")
+    kept = ContextParallelCost(arch, DEV, layout, Parallel(), cp=2, ring="pass-kv", experts="rank")
+    moe = next(i for i in range(arch.layers) if arch.is_moe(i))
+    a, b = spread.layer_breakdown(moe, 64, 0), kept.layer_breakdown(moe, 64, 0)
+    rows = 32 * arch.top_k                                   # q = 32 tokens of this rank, top-k experts each
+    all_to_all = 2 * DEV.alltoall(rows * arch.hidden * Parallel().act_bytes, 2, DEV.ring_bw(2))
+    assert a["cp_comm"] - b["cp_comm"] == pytest.approx(all_to_all)
+    assert {k: v for k, v in a.items() if k != "cp_comm"} == pytest.approx({k: v for k, v in b.items() if k != "cp_comm"})
+    with pytest.raises(ValueError, match="experts"):
+        ContextParallelCost(arch, DEV, layout, Parallel(), cp=2, experts="everywhere")

@@ -79,6 +79,7 @@ def cp_worker(rank: int, world: int, job: CPJob):
     """One CP rank: build the whole model, prefill (rounds, timed), optionally decode; rank 0 reports."""
     import torch
     import torch.distributed as dist
+    from vpp.cli.prefill_rounds import warmup_tokens
     from vpp.cli.terminal import setup_logging
     from vpp.models.registry import open_model
     from vpp.parallel import ParallelGroups, initialize_model_parallel
@@ -93,17 +94,21 @@ def cp_worker(rank: int, world: int, job: CPJob):
     acc, device = groups.accelerator, groups.device
     ttft, kv_bytes, methods, logits = [], 0, [], None
     for r in range(int(job.warmup) + job.repeat):
-        request = f"round-{r}"
-        stage.reserve(request, len(ids) + job.max_new_tokens)
-        if job.cached_prefix:
-            _prefill(stage, ids[:job.cached_prefix], request, job.chunk_size, 0, device)
+        request, warm = f"round-{r}", r < int(job.warmup)
+        # the warm-up is as short as the pipeline's (prefill_rounds.warmup_tokens): communicators and
+        # allocators warmed, the long prompt not computed twice
+        prompt = ids[:warmup_tokens(job)] if warm else ids
+        cached = 0 if warm else job.cached_prefix
+        stage.reserve(request, len(prompt) + job.max_new_tokens)
+        if cached:
+            _prefill(stage, prompt[:cached], request, job.chunk_size, 0, device)
         start = len(stage.cp_trace)
         dist.barrier()
         acc.synchronize(device)
         t0 = time.perf_counter()
-        logits = _prefill(stage, ids, request, job.chunk_size, job.cached_prefix, device)
+        logits = _prefill(stage, prompt, request, job.chunk_size, cached, device)
         acc.synchronize(device)
-        if r >= int(job.warmup):
+        if not warm:
             ttft.append(time.perf_counter() - t0)
         methods = [t[3] for t in stage.cp_trace[start:]]
         kv_bytes = stage.cache_nbytes(request)

@@ -45,7 +45,8 @@ from .deployment import DeploymentCost
 from .hardware import Device
 from .ops import Op, Parallel, causal_pairs, gemm, layer_ops
 
-RINGS = ("auto", "pass-kv", "pass-q")
+RINGS = ("auto", "rule", "pass-kv", "pass-q")
+EXPERTS = ("cp", "rank")
 RING_ATTENTION_OPS = ("attention",)
 
 
@@ -81,6 +82,20 @@ class Ring:
         if self.variant != "auto":
             return self.variant
         return "pass-kv" if self.exposed_kv <= self.exposed_q else "pass-q"
+
+
+def kv_per_q(arch: Arch) -> float:
+    """Bytes of a token's travelling keys over its query's bytes (Meta's rule's threshold): ``2 kv_heads /
+    q_heads`` for GQA; the compressed latent and rope key over every head's query for MLA."""
+    if arch.attention == "gqa":
+        return 2.0 * arch.kv_heads / arch.heads
+    return (arch.kv_lora + arch.rope) / (arch.heads * (arch.nope + arch.rope))
+
+
+def meta_rule(tokens: int, prefix: int, arch: Arch) -> str:
+    """The ring variant Meta's rule picks for a chunk (the runtime's ``--cp-attention auto``): pass-KV
+    when the new tokens are at least :func:`kv_per_q` of the keys, else pass-Q."""
+    return "pass-kv" if tokens / (tokens + prefix) >= kv_per_q(arch) else "pass-q"
 
 
 def straggle(tokens: int, cp: int, attn: float) -> float:
@@ -139,32 +154,37 @@ def ring_attention_ops(arch: Arch, tokens: int, prefix: int, par: Parallel, cp: 
 class ContextParallelCost(DeploymentCost):
     """:class:`~.deployment.DeploymentCost` with every stage spread over ``cp`` ring-attention ranks.
 
-    ``par`` is one device's tensor parallelism (experts are spread over ``cp x tp`` devices whatever
-    ``par.ep`` says, see the module docstring); ``ring`` picks pass-KV, pass-Q or the faster ("auto")."""
+    ``par`` is one device's tensor parallelism; ``experts="cp"`` spreads the experts over the stage's
+    ``cp x tp`` devices whatever ``par.ep`` says (see the module docstring), ``"rank"`` keeps them on
+    every CP rank (each its TP share, no all-to-all: vpp's runtime today). ``ring`` picks pass-KV,
+    pass-Q, the faster per chunk ("auto"), or what Meta's rule picks (``"rule"``, as the runtime's
+    ``--cp-attention auto`` does, :func:`meta_rule`)."""
 
     def __init__(self, arch: Arch, device: Device, layout, par: Parallel | None = None, *, cp: int = 1,
-                 ring: str = "auto", overlap: float | None = None, sync_steps: bool = False):
+                 ring: str = "auto", experts: str = "cp", overlap: float | None = None, sync_steps: bool = False):
         if cp < 1:
             raise ValueError(f"cp={cp} must be >= 1")
         if ring not in RINGS:
             raise ValueError(f"ring={ring!r}; expected one of {RINGS}")
+        if experts not in EXPERTS:
+            raise ValueError(f"experts={experts!r}; expected one of {EXPERTS}")
         if arch.attention == "dsa" and cp > 1:
             raise ValueError(f"{arch.name}: context parallelism is not modelled for DSA (sparse attention "
                              f"with an indexer); use cp=1")
         par = par or Parallel()
-        self.cp, self.ring = cp, ring
+        self.cp, self.ring, self.experts = cp, ring, experts
         super().__init__(arch, device, layout, Parallel(tp=par.tp, ep=par.tp, act_bytes=par.act_bytes,
                                                         weight_bytes=par.weight_bytes, kv_bytes=par.kv_bytes,
                                                         indexer_replicated=par.indexer_replicated,
                                                         pp_tensors=par.pp_tensors), overlap=overlap,
                          sync_steps=sync_steps)
-        self.moe_par = Parallel(tp=par.tp, ep=ep_devices(par, cp), act_bytes=par.act_bytes,
+        self.moe_par = Parallel(tp=par.tp, ep=ep_devices(par, cp) if experts == "cp" else par.tp, act_bytes=par.act_bytes,
                                 weight_bytes=par.weight_bytes, kv_bytes=par.kv_bytes, pp_tensors=par.pp_tensors)
         self.ring_bw = device.ring_bw(par.tp * cp)
 
     def __repr__(self) -> str:
         return (f"ContextParallelCost({self.arch.name} on {self.device.name}, cp={self.cp} x tp={self.par.tp}, "
-                f"ring={self.ring}, {self.layout.describe()})")
+                f"ring={self.ring}, experts={self.experts}, {self.layout.describe()})")
 
     def local_tokens(self, tokens: int) -> int:
         return math.ceil(int(tokens) / self.cp)
@@ -178,7 +198,8 @@ class ContextParallelCost(DeploymentCost):
         qs = dev.cp_p2p(q_block_bytes(self.arch, q, par), self.ring_bw)
         v_dim = self.arch.head_dim if self.arch.attention == "gqa" else self.arch.v_dim
         ret = dev.alltoall((cp - 1) * q * (self.arch.heads // par.tp) * (v_dim + 1) * 4, cp, self.ring_bw)
-        return Ring(cp, attn / cp, kv, qs, ret, self.ring, sync=dev.cp_p2p(0.0, self.ring_bw) + straggle(tokens, cp, attn))
+        variant = meta_rule(tokens, prefix, self.arch) if self.ring == "rule" else self.ring
+        return Ring(cp, attn / cp, kv, qs, ret, variant, sync=dev.cp_p2p(0.0, self.ring_bw) + straggle(tokens, cp, attn))
 
     def _layer_breakdown(self, kind: tuple, tokens: int, prefix: int) -> dict:
         if self.cp == 1:
@@ -188,7 +209,7 @@ class ContextParallelCost(DeploymentCost):
         local = [op for op in layer_ops(self.arch, layer, q, 0, self.par) if op.name not in RING_ATTENTION_OPS]
         out = self.ops_breakdown(local + ring_attention_ops(self.arch, tokens, prefix, self.par, self.cp))
         out["cp_comm"] += self.ring_of(layer, tokens, prefix).exposed
-        if self.arch.is_moe(layer):
+        if self.arch.is_moe(layer) and self.experts == "cp":
             rows = q / self.par.tp * self.arch.top_k          # this device's share of its rank's token-expert rows
             nbytes = rows * self.arch.hidden * self.par.act_bytes
             out["cp_comm"] += 2 * self.device.alltoall(nbytes, self.cp, self.ring_bw)   # dispatch and combine
@@ -251,7 +272,7 @@ def cp_rank_memory(plan, trace, cost: ContextParallelCost) -> list:
 
 
 __all__ = [
-    "ContextParallelCost", "RINGS", "RING_ATTENTION_OPS", "Ring", "cp_rank_memory", "cp_weight_bytes",
-    "ep_devices", "full_prefill", "kv_block_bytes", "model_flops", "q_block_bytes", "ring_attention_ops",
+    "ContextParallelCost", "EXPERTS", "RINGS", "RING_ATTENTION_OPS", "Ring", "cp_rank_memory", "cp_weight_bytes",
+    "ep_devices", "full_prefill", "kv_block_bytes", "kv_per_q", "meta_rule", "model_flops", "q_block_bytes", "ring_attention_ops",
     "straggle",
 ]

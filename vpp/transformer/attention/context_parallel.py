@@ -100,6 +100,7 @@ class CPChunk:
     prefix: tuple[int, ...]
     positions: tuple[torch.Tensor, ...]
     method: str
+    exchange: Callable = post_exchange  # posts a ring step's transfers (the emulated device passes its own)
 
     def rows(self, rank: int) -> int:
         return self.prefix[rank] + self.split.count(rank)
@@ -217,10 +218,13 @@ def gather_blocks(kv: dict, dims: dict, cp: CPChunk | None, group: Group, rows: 
             for t in range(group.size)]
 
 
-def ring_pass(payload: dict, dims: dict, group: Group, rows: list[int], visit: Callable[[int, dict], None]) -> None:
+def ring_pass(payload: dict, dims: dict, group: Group, rows: list[int], visit: Callable[[int, dict], None],
+              exchange: Callable = post_exchange) -> None:
     """Pass ``payload`` (this rank's tensors, ``rows[t]`` rows on rank t) around the ring; ``visit(src,
     tensors)`` runs on every rank's payload, its own first. The next transfer is posted before the
-    current visit and waited for after it (the transfer overlaps the attention)."""
+    current visit and waited for after it (the transfer overlaps the attention). ``exchange(sends,
+    recvs, group)`` posts a step's transfers and returns their works (:func:`~vpp.parallel.comm.post_exchange`;
+    on an accelerator ``wait()`` orders the compute stream after the receive, the host does not block)."""
     n, r = group.size, group.rank
     current = payload
     for step in range(n):
@@ -230,8 +234,8 @@ def ring_pass(payload: dict, dims: dict, group: Group, rows: list[int], visit: C
             shapes = _shapes(payload, dims, rows[(r - step - 1) % n])
             nxt = torch.empty(_nbytes(payload, shapes), dtype=torch.uint8, device=_device(payload))
             sent = _pack(current)  # alive until the send completes; empty transfers are skipped
-            works = post_exchange([(sent, (r + 1) % n)] if sent.numel() else [],
-                                  [(nxt, (r - 1) % n)] if nxt.numel() else [], group)
+            works = exchange([(sent, (r + 1) % n)] if sent.numel() else [],
+                             [(nxt, (r - 1) % n)] if nxt.numel() else [], group)
         visit(src, current)
         for w in works:
             w.wait()
@@ -281,14 +285,14 @@ def cp_attention(attend: Attend, q: torch.Tensor, kv: dict, dims: dict, cp: CPCh
             partials[src] = block_partial(attend, payload["q"].transpose(0, 1), src, kv, dims, r, cp, value_dim,
                                           prepare)
 
-        ring_pass({"q": q.transpose(0, 1).contiguous()}, {"q": 0}, group, counts, visit)
+        ring_pass({"q": q.transpose(0, 1).contiguous()}, {"q": 0}, group, counts, visit, cp.exchange)
         acc = merge_all(return_partials(partials, group, counts))
     elif cp.method in ("pass-kv", "all-gather"):
         parts: list[Partial] = []
         if cp.method == "pass-kv":
             ring_pass(kv, dims, group, rows,
                       lambda src, block: parts.append(block_partial(attend, q, r, block, dims, src, cp, value_dim,
-                                                                    prepare)))
+                                                                    prepare)), cp.exchange)
         else:
             blocks = gather_blocks(kv, dims, cp, group, rows)
             order = [(r - s) % group.size for s in range(group.size)]
