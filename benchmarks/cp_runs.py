@@ -141,7 +141,7 @@ def markdown(cells, rounds: int, load: str) -> str:
         for c in cells)]
     if all("predicted_s" in c for c in cells):
         lines += ["", "Predicted by the cost model with the `cpu` preset that `vpp calibrate` fitted for each model "
-                  "before the rounds (on one one-rank prefill of the shortest length: the PP1 shape; CP2 and "
+                  "in the same session (on one one-rank prefill of the shortest length: the PP1 shape; CP2 and "
                   "PP2 never fitted; see the script's docstring): TTFT in seconds and predicted / measured median.", "",
                   "| model | tokens | PP1 | CP2 | PP2 VPP-Async |", "|---|---|---|---|---|"]
         for c in cells:

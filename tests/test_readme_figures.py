@@ -82,3 +82,21 @@ def test_the_results_readme_quotes_tail_merge_s_counts():
         shown = re.search(re.escape(said) + r" \d+ (?:of \d+ cells )?change[^,]*, TTFT ([-+0-9.]+)% to ([-+0-9.]+)%", text)
         assert shown and abs(float(shown.group(1)) - lo) < 0.051 and abs(float(shown.group(2)) - hi) < 0.051, \
             (label, lo, hi, shown and shown.groups())
+
+
+def test_the_context_parallel_figures_are_cp_runs_s():
+    """README: CP2 / PP1 and PP2 / PP1 medians, and the CP2 prediction's worst miss, from cp_runs.json."""
+    cells = json.loads((ROOT / "benchmarks" / "results" / "cp_runs.json").read_text())["cells"]
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(r"CP2 takes ([0-9.]+)-([0-9.]+) of one rank's TTFT \(median\) at 16K and 32K tokens on "
+                  r"tiny-deepseek and tiny-qwen, PP2 VPP-Async ([0-9.]+)-([0-9.]+); .*? predicts the CP2 runs "
+                  r"within ([0-9]+)%", text)
+    assert m, "the README's context-parallel sentence changed: update this test with it"
+    cp2 = [c["cp2_over_pp1"]["median"] for c in cells]
+    pp2 = [c["pp2-vpp-async_over_pp1"]["median"] for c in cells]
+    assert {(c["model"], c["length"]) for c in cells} == {(m_, n) for m_ in ("tiny-deepseek", "tiny-qwen")
+                                                          for n in (16384, 32768)}
+    assert (float(m.group(1)), float(m.group(2))) == (round(min(cp2), 2), round(max(cp2), 2))
+    assert (float(m.group(3)), float(m.group(4))) == (round(min(pp2), 2), round(max(pp2), 2))
+    miss = max(abs(c["predicted_over_measured"]["cp2"] - 1) for c in cells)
+    assert miss <= int(m.group(5)) / 100 < miss + 0.01
