@@ -172,7 +172,6 @@ def check(args) -> None:
     if args.cp > 1:
         from vpp.cli.cp_runs import check_cp
         check_cp(args, prompt_tokens=len(ids), given_options={o: why for o, v, why in (
-            ("--decode-tp", args.decode_tp, "CP decodes on the prefill's ranks, over their shards"),
             ("--save-kv", args.save_kv, "a sharded cache is not saved yet"),
             ("--load-kv", args.load_kv, "a sharded cache is not loaded yet")) if v is not None})
 
@@ -288,7 +287,7 @@ def _disaggregated_worker(job: GenerateJob, has_tokenizer: bool):
     from vpp.runtime import Pipeline, profile_planner
     from vpp.kv.disaggregated import generate_disaggregated
 
-    link = initialize_disaggregated(job.tp, job.pp, job.decode_tp, job.decode_pp)
+    link = initialize_disaggregated(job.tp, job.pp, job.decode_tp, job.decode_pp, prefill_cp=job.cp)
     model = open_model(job.model, dtype=job.dtype, device_kind=link.groups.accelerator.kind)
     layout = job.layout if link.is_prefill else job.decode_layout
     stages = model.stages(layout, link.groups)
@@ -395,7 +394,7 @@ def _run_cp(args) -> int:
 
 
 def run(args) -> int:
-    if args.cp > 1 and args.pp == 1:
+    if args.cp > 1 and args.pp == 1 and args.decode_tp is None:
         return _run_cp(args)
     from vpp.parallel import launch
     job = args.job
