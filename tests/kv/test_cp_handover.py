@@ -17,7 +17,6 @@ import torch
 
 from tests.kv.test_handover import _cache_bytes_per_token
 
-pytestmark = pytest.mark.slow  # one case on the session's world of 6 ranks
 
 NEW = 6
 FAMILIES = ("qwen3_moe", "glm_moe_dsa")  # K/V sliced by heads; MLA latent + DSA indexer keys (shared ones)
@@ -81,6 +80,7 @@ def results(references, worlds):
     return worlds.run(6, _world, {name: path for name, (path, _, _) in refs.items()}, prompt, timeout=900)
 
 
+@pytest.mark.slow  # one case on the session's world of 6 ranks
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_cp2_pp2_prefill_tp2_decode_equals_transformers_generate(model_type, results, references):
     expected = references[1][model_type][1]
@@ -88,6 +88,7 @@ def test_cp2_pp2_prefill_tp2_decode_equals_transformers_generate(model_type, res
         assert results[rank][(model_type, "tokens")] == expected, f"decode rank {rank}"
 
 
+@pytest.mark.slow  # one case on the session's world of 6 ranks
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_each_decode_rank_holds_every_token_in_token_order(model_type, results):
     """Decoding alone cannot tell (attention and the indexer's top-k do not depend on the rows' order):
@@ -97,6 +98,7 @@ def test_each_decode_rank_holds_every_token_in_token_order(model_type, results):
         assert results[rank][(model_type, "rows")] <= 1e-5, f"decode rank {rank}"
 
 
+@pytest.mark.slow  # one case on the session's world of 6 ranks
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_each_decode_rank_receives_every_token_of_its_caches_once(model_type, results, references):
     cfg = references[1][model_type][2]
@@ -107,3 +109,15 @@ def test_each_decode_rank_receives_every_token_of_its_caches_once(model_type, re
         assert received == PROMPT * _cache_bytes_per_token(cfg, 2)
     assert sum(m[1] for m in moved[:4]) == sum(m[2] for m in moved[4:])
     assert all(m[1] > 0 for m in moved[:4])  # every CP shard of every stage sent its rows
+
+
+def test_the_directory_form_refuses_a_sharded_cache_in_one_line(tmp_path):
+    from types import SimpleNamespace
+
+    from vpp.kv.files import load_cache, save_cache
+    from vpp.parallel.groups import Group
+    pipe = SimpleNamespace(groups=SimpleNamespace(cp=Group((0, 1), 0), members=(0, 1), global_rank=0), stages=[])
+    with pytest.raises(ValueError, match=r"sharded over 2 CP ranks; saving them to a directory is not supported yet"):
+        save_cache(pipe, 0, str(tmp_path))
+    with pytest.raises(ValueError, match=r"context-parallel \(cp=2\): loading caches into them is not supported"):
+        load_cache(pipe, 0, str(tmp_path))

@@ -269,7 +269,11 @@ class Stage(nn.Module):
 
     def import_cache(self, request: Hashable, tensors: dict[str, torch.Tensor]) -> None:
         """Install ``tensors`` (as :meth:`export_cache` names them) as the caches of ``request``,
-        which must hold none yet on this stage; decoding then continues as on the exporting stage."""
+        which must hold none yet on this stage; decoding then continues as on the exporting stage.
+        Not into a context-parallel stage (its caches would need a CP split: refused)."""
+        if self.cp_group.size > 1:
+            raise ValueError(f"stage {self.layer_range}: importing caches into a stage split over "
+                             f"{self.cp_group.size} CP ranks is not supported yet")
         if self.cache_length(request) or request in self.requests():
             raise ValueError(f"stage {self.layer_range}: request {request!r} already has caches here")
         expected = {f"model.layers.{i}.self_attn.{part}" for i, layer in zip(range(*self.layer_range),
