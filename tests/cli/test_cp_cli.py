@@ -1,11 +1,17 @@
 """``vpp prefill --cp N`` and ``vpp generate --cp N``: impossible combinations refused in one line before
 any rank starts; a CP2 prefill matches the unsplit forward and keeps half the tokens per rank; greedy
-tokens after a CP2 prefill equal those of one rank."""
+tokens after a CP2 prefill equal those of one rank; CP2 x PP2 under torchrun (4 ranks) matches the
+unpipelined forward, with each rank's memory plan (its stages' weights, its CP share of the KV cache)
+equal to what it measured."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,12 +26,15 @@ def _one_line(capsys, argv, pattern):
 
 
 @pytest.mark.parametrize("argv,pattern", [
-    (["prefill", "--cp", "2", "--pp", "2"], r"--cp 2 with --pp 2: .*one pipeline stage"),
+    (["prefill", "--cp", "2", "--pp", "1", "--schedule", "vpp"], r"--schedule cannot be combined with --cp 2 --pp 1 "
+                                                                  r"\(it shapes a pipeline: give --pp 2 or more\)"),
     (["prefill", "--cp", "4", "--seq-len", "6"], r"2 \* cp = 8 pieces, more than the 6 tokens"),
     (["prefill", "--cp", "4", "--seq-len", "64", "--cached-prefix", "60"], r"more than the 4 tokens"),
     (["prefill", "--cp", "2", "--chunk-size", "3", "--seq-len", "64"], r"--chunk-size 3 is smaller than 2 \* cp = 4"),
-    (["prefill", "--cp", "2", "--folds", "2"], r"--folds cannot be combined with --cp 2"),
-    (["generate", "--cp", "2", "--decode-tp", "1"], r"--decode-tp cannot be combined with --cp 2"),
+    (["prefill", "--cp", "2", "--folds", "2"], r"--folds cannot be combined with --cp 2 --pp 1"),
+    (["prefill", "--cp", "2", "--pp", "2", "--chunk-size", "3", "--seq-len", "64"], r"--chunk-size 3 is smaller"),
+    (["generate", "--cp", "2", "--save-kv", "/tmp/vpp-cp-never-written"],
+     r"--save-kv cannot be combined with --cp 2 \(a sharded cache is not saved yet\)"),
     (["generate", "--cp", "3", "--seq-len", "5"], r"2 \* cp = 6 pieces, more than the 5 tokens"),
 ])
 def test_impossible_cp_combinations_are_one_line_errors(capsys, argv, pattern):
@@ -59,3 +68,22 @@ def test_generate_cp2_greedy_equals_one_rank(capsys):
     assert cli.main(base + ["--pp", "1", "--schedule", "cpp"]) == 0
     one = json.loads(capsys.readouterr().out)
     assert cp["generated_ids"] == one["generated_ids"] and cp["cp"] == 2
+
+
+@pytest.mark.slow
+def test_prefill_cp2_pp2_vpp_async_under_torchrun_checks_and_plans_every_rank():
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m", "vpp",
+           "prefill", "--model", "tiny-qwen", "--cp", "2", "--pp", "2", "--schedule", "vpp-async", "--seq-len", "96",
+           "--chunk-size", "32", "--check", "--json", "--repeat", "1", "--no-warmup", "--no-progress"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["config"]["cp"] == 2 and out["check"]["vpp-async"] <= 1e-3
+    ranks = out["memory"]["vpp-async"]
+    assert [(m["rank"], m["pp_rank"]) for m in ranks] == [(0, 0), (1, 0), (2, 1), (3, 1)]  # tp-cp-pp order
+    for m in ranks:
+        assert m["plan"]["weights"] == m["measured_weights_bytes"]
+        # each CP rank reserved its share, ceil(96 / 2) + 2 cp = 52 rows per layer, as the plan says
+        assert m["plan"]["kv_cache"] == m["measured_kv_cache_bytes"]

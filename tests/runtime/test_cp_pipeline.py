@@ -32,3 +32,15 @@ def test_pipeline_generate_at_cp2_equals_one_rank():
         assert tokens == one
         assert methods == ["pass-kv", "pass-kv", "pass-q"]  # 44 new of 300 < tiny-glm's latent / query ratio
     assert sorted(r[3] for r in results) == [151, 152]  # 300 + 3 decoded tokens cached, each rank its share
+
+
+def test_stages_that_cannot_split_over_the_pipelines_cp_group_are_refused():
+    from types import SimpleNamespace
+
+    from vpp.parallel.groups import Group
+    from vpp.runtime.stage_contract import check_context_parallel
+    check_context_parallel([object()], (0,))  # no context parallelism: nothing asked of the stages
+    with pytest.raises(TypeError, match=r"lacks cp_group: context parallelism"):
+        check_context_parallel([SimpleNamespace()], (0, 1))
+    with pytest.raises(ValueError, match=r"splits its chunks over CP ranks \[0\], but the pipeline's CP group is \[0, 1\]"):
+        check_context_parallel([SimpleNamespace(cp_group=Group.single(0))], (0, 1))

@@ -2,8 +2,9 @@
 ranks, each a TP group of ``--tp`` ranks (``tp x cp`` ranks in all; under torchrun ``--nproc-per-node``
 = tp x cp). Every rank holds the whole model and the K/V of its own share of the tokens
 (:mod:`vpp.transformer.attention.context_parallel`); ``--cp-attention`` chooses how queries meet
-the other ranks' keys (auto: per chunk, Meta's rule). CP inside a pipeline (``--pp`` > 1) is not
-supported yet: refused before any rank starts, like every other impossible combination.
+the other ranks' keys (auto: per chunk, Meta's rule). With ``--pp`` > 1 the pipeline engine runs
+instead (:mod:`vpp.cli.prefill_rounds`: every stage on a CP group; ``tp x cp x pp`` ranks);
+:func:`check_cp` refuses every impossible combination before any rank starts, either way.
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ def check_cp(args, *, prompt_tokens: int, given_options: dict) -> None:
     if args.model == "toy":
         raise UsageError(f"--cp {cp} needs a transformer (tiny-deepseek, tiny-qwen, tiny-glm or a model "
                          f"directory); the toy model has no attention to split")
-    if args.pp != 1:
-        raise UsageError(f"--cp {cp} with --pp {args.pp}: context parallelism runs on one pipeline stage for now "
-                         f"(give --pp 1, or leave --pp out)")
     for option, why in given_options.items():
         raise UsageError(f"{option} cannot be combined with --cp {cp} ({why})")
     new = prompt_tokens - getattr(args, "cached_prefix", 0)

@@ -44,8 +44,8 @@ def add_arguments(p) -> None:
     p.add_argument("--pp", type=positive_int, default=None, help="pipeline ranks (tp * pp ranks in all; default 2, "
                    "1 with --cp)")
     p.add_argument("--cp", type=positive_int, default=1,
-                   help="context-parallel ranks: the prompt's chunks split over them, the KV cache sharded, each "
-                        "decode step merged over their shards (tp * cp ranks; see vpp.cli.cp_runs)")
+                   help="context-parallel ranks per stage: the prompt's chunks split over them, the KV cache sharded, "
+                        "each decode step merged over their shards (tp * cp * pp ranks; see vpp.cli.cp_runs)")
     p.add_argument("--schedule", default="vpp-async", choices=strategies.PLANNED, help="the prefill's schedule")
     p.add_argument("--chunk-size", type=positive_int, default=512, help="prefill chunk size (DCPP: its budget)")
     p.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens to generate after the prompt")
@@ -98,6 +98,7 @@ class GenerateJob:
     load_kv: str | None = None
     first_tokens: list[int] | None = None  # --load-kv: the tokens generated before the caches were saved
     sampler_state: str | None = None  # hex of the sampler's generator state
+    cp: int = 1  # context-parallel ranks per stage of the prefill (its pipeline, --pp > 1)
     layout: object = None  # the run's Layout, chosen once by check (vpp.models.run_layout.layout_for; --load-kv: a loop)
     decode_layout: object = None  # --decode-tp: the decode group's loop layout
 
@@ -106,7 +107,7 @@ def check(args) -> None:
     if args.top_p > 1:
         raise UsageError(f"argument --top-p: must lie in (0, 1], got {args.top_p}")
     args.pp = args.pp or (1 if args.cp > 1 else 2)
-    schedule = "cpp" if args.load_kv or args.cp > 1 else args.schedule
+    schedule = "cpp" if args.load_kv or (args.cp > 1 and args.pp == 1) else args.schedule
     from vpp.models import check_model, text_prompt
     try:
         check_model(args.model, dtype=args.dtype)
@@ -154,7 +155,7 @@ def check(args) -> None:
         raise UsageError(f"a prompt of {len(ids)} tokens plus --max-new-tokens {args.max_new_tokens} exceeds the "
                          f"model's {limit} positions")
     args.model_dtype = model.dtype
-    check_memory(model, layouts, tp=args.tp,
+    check_memory(model, layouts, tp=args.tp, cp=args.cp,
                  tokens=len(ids) + args.max_new_tokens, chunk=args.chunk_size,
                  option=f" plus {args.max_new_tokens} new tokens")
     args.job = GenerateJob(args.model, args.tp, args.pp, args.schedule, args.chunk_size, args.max_new_tokens, ids,
@@ -165,13 +166,12 @@ def check(args) -> None:
                            decode_tp=args.decode_tp, decode_pp=args.decode_pp or 1, save_kv=args.save_kv,
                            load_kv=args.load_kv, first_tokens=saved["generated"] if saved else None,
                            sampler_state=saved.get("sampler_state") if saved else None,
-                           layout=layouts[run_as], decode_layout=decode_layout)
+                           layout=layouts[run_as], decode_layout=decode_layout, cp=args.cp)
     if args.save_kv:
         _check_output_dir(args.save_kv, args.tp * args.pp)
     if args.cp > 1:
         from vpp.cli.cp_runs import check_cp
         check_cp(args, prompt_tokens=len(ids), given_options={o: why for o, v, why in (
-            ("--decode-tp", args.decode_tp, "CP decodes on the prefill's ranks, over their shards"),
             ("--save-kv", args.save_kv, "a sharded cache is not saved yet"),
             ("--load-kv", args.load_kv, "a sharded cache is not loaded yet")) if v is not None})
 
@@ -236,7 +236,7 @@ def _worker(rank: int, world: int, job: GenerateJob, has_tokenizer: bool):
     from vpp.parallel import initialize_model_parallel
     from vpp.runtime import Pipeline, Sampler, profile_planner
 
-    groups = initialize_model_parallel(job.tp, job.pp)
+    groups = initialize_model_parallel(job.tp, job.pp, context_parallel_size=job.cp)
     model = open_model(job.model, dtype=job.dtype, device_kind=groups.accelerator.kind)
     stages = model.stages(job.layout, groups)
     pipe = Pipeline(stages, groups, timeout_s=job.timeout_s)
@@ -287,7 +287,7 @@ def _disaggregated_worker(job: GenerateJob, has_tokenizer: bool):
     from vpp.runtime import Pipeline, profile_planner
     from vpp.kv.disaggregated import generate_disaggregated
 
-    link = initialize_disaggregated(job.tp, job.pp, job.decode_tp, job.decode_pp)
+    link = initialize_disaggregated(job.tp, job.pp, job.decode_tp, job.decode_pp, prefill_cp=job.cp)
     model = open_model(job.model, dtype=job.dtype, device_kind=link.groups.accelerator.kind)
     layout = job.layout if link.is_prefill else job.decode_layout
     stages = model.stages(layout, link.groups)
@@ -348,6 +348,8 @@ def _config(job: GenerateJob) -> dict:
            if k not in ("prompt_ids", "first_tokens", "sampler_state", "layout", "decode_layout")}
     if job.decode_tp is None:
         out.pop("decode_pp")
+    if job.cp == 1:
+        out.pop("cp")
     return {k: v for k, v in out.items() if k not in extra or v is not None}
 
 
@@ -392,11 +394,11 @@ def _run_cp(args) -> int:
 
 
 def run(args) -> int:
-    if args.cp > 1:
+    if args.cp > 1 and args.pp == 1 and args.decode_tp is None:
         return _run_cp(args)
     from vpp.parallel import launch
     job = args.job
-    world = job.tp * job.pp + (job.decode_tp * job.decode_pp if job.decode_tp else 0)
+    world = job.tp * job.cp * job.pp + (job.decode_tp * job.decode_pp if job.decode_tp else 0)
     values = launch(_worker, world, job, args.tokenizer is not None, timeout=job.timeout_s * 2, threads=args.threads,
                     pg_timeout_s=job.timeout_s, same=args._given)
     gen = next((v for v in values if v is not None), None)

@@ -143,12 +143,15 @@ def check(args) -> None:
     if args.cached_prefix >= args.seq_len:
         raise UsageError(f"--cached-prefix {args.cached_prefix} leaves nothing to prefill of a {args.seq_len}-token "
                          f"prompt")
-    if args.cp > 1:  # one CP group of tp x cp ranks: no pipeline schedule to compare
+    if args.cp > 1:
         from vpp.cli.cp_runs import check_cp
-        pipeline_only = {o: "it shapes a pipeline" for o, v in (("--folds", args.folds != 1),
+        check_cp(args, prompt_tokens=args.seq_len, given_options={})
+    if args.cp > 1 and args.pp == 1:  # one CP group of tp x cp ranks: no pipeline schedule to compare
+        pipeline_only = {o: "it shapes a pipeline: give --pp 2 or more" for o, v in (("--folds", args.folds != 1),
                          ("--schedule", args.schedule != "cpp,vpp,vpp-async"), ("--trace", args.trace),
                          ("--save-logits", args.save_logits)) if v}
-        check_cp(args, prompt_tokens=args.seq_len, given_options=pipeline_only)
+        for option, why in pipeline_only.items():
+            raise UsageError(f"{option} cannot be combined with --cp {args.cp} --pp 1 ({why})")
         _, cp_layouts = open_checked(args.model, tp=args.tp, pp=1, schedules=["cpp"], chunk=args.chunk_size,
                                      seq_len=args.seq_len)
         args.memory_plan = check_memory(model, {"cp": cp_layouts["cpp"]}, tp=args.tp, tokens=args.seq_len,
@@ -159,12 +162,12 @@ def check(args) -> None:
     _, args.layouts = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
                                    chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
     args.memory_plan = check_memory(model, args.layouts, tp=args.tp, tokens=args.seq_len, chunk=args.chunk_size,
-                                    device=args.device)
+                                    device=args.device, cp=args.cp)
     if args.save_logits:
         writable_file(args.save_logits, "--save-logits")
     if args.trace:
         writable_files_in(args.trace, [s + suffix for s in args.schedules for suffix in TRACE_FILES], "--trace")
-    check_devices(args.device, args.tp * args.pp)
+    check_devices(args.device, args.tp * args.cp * args.pp)
     _resolve_timeout(args, model, runs=len(args.schedules) * args.repeat)
 
 
@@ -183,14 +186,15 @@ def _config(args):
                        moe_dispatch=args.moe_dispatch, timeout_s=args.timeout, check=args.check,
                        trace_dir=args.trace, save_logits=args.save_logits, prompt=args.prompt,
                        progress=None if args.no_progress else progress_bar, cached_prefix=args.cached_prefix,
-                       dcpp_mode=args.dcpp_mode, dcpp_min_chunk=args.dcpp_min_chunk, layouts=args.layouts)
+                       dcpp_mode=args.dcpp_mode, dcpp_min_chunk=args.dcpp_min_chunk, layouts=args.layouts,
+                       cp=args.cp, cp_attention=args.cp_attention)
 
 
 def _worker(rank: int, world: int, cfg):
     setup_logging()
     from vpp.parallel import initialize_model_parallel
     from vpp.cli.prefill_rounds import run_bench
-    groups = initialize_model_parallel(cfg.tp, cfg.pp)
+    groups = initialize_model_parallel(cfg.tp, cfg.pp, context_parallel_size=cfg.cp)
     rows, facts = run_bench(groups, cfg)
     if groups.global_rank != 0:
         return None
@@ -198,12 +202,12 @@ def _worker(rank: int, world: int, cfg):
 
 
 def run(args) -> int:
-    if args.cp > 1:
+    if args.cp > 1 and args.pp == 1:
         return _run_cp(args)
     cfg = _config(args)
     from vpp.parallel import launch
     device = None if args.device == "auto" else args.device
-    out = launch(_worker, cfg.tp * cfg.pp, cfg, timeout=cfg.timeout_s * 2, threads=args.threads,
+    out = launch(_worker, cfg.tp * cfg.cp * cfg.pp, cfg, timeout=cfg.timeout_s * 2, threads=args.threads,
                  pg_timeout_s=cfg.timeout_s, device=device, same=args._given)[0]
     if out is None:  # under torchrun, every rank but global rank 0
         return 0
@@ -244,7 +248,7 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float, memory_plan: dict | 
         out = {"config": {k: v for k, v in vars(cfg).items() if k not in ("progress", "layouts")}, "transfer_s": facts["transfer_s"],
                "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
                "atol": atol if cfg.check else None, "memory_method": facts.get("memory_method"),
-               "why": why_line(rows, facts), "memory": _memory_json(rows, memory_plan)}
+               "why": why_line(rows, facts), "memory": _memory_json(rows, memory_plan, cfg.tp * cfg.cp)}
         print(json.dumps(out, indent=2, default=str), flush=True)
     else:
         print(_table(rows, facts, cfg), flush=True)
@@ -283,18 +287,23 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float, memory_plan: dict | 
     return 1 if failed else 0
 
 
-def _memory_json(rows, plans: dict | None) -> dict:
-    """Per schedule and rank: the plan made before the ranks started (vpp.perf.memory_plan) beside the
-    measured peak (rows' memory; on CPU the process's peak RSS, which the plan's "runtime" part covers)."""
+def _memory_json(rows, plans: dict | None, per_stage: int = 1) -> dict:
+    """Per schedule and global rank: the plan made before the ranks started (vpp.perf.memory_plan, one per
+    pipeline rank: every TP and CP rank of a stage plans alike, a CP rank with its share of the KV cache)
+    beside the measured peak (rows' memory; on CPU the process's peak RSS, which the plan's "runtime"
+    part covers). ``per_stage``: the ranks of one pipeline rank, tp x cp (global rank // per_stage is the
+    pipeline rank, vpp.parallel.grid)."""
     out = {}
     for r in rows:
         plan = {p.rank: p.to_dict() for p in (plans or {}).get(r.schedule, [])}
-        out[r.schedule] = [{"rank": m["rank"], "plan": plan.get(m["rank"]), "measured_peak_bytes": m.get("peak_bytes"),
-                            "measured_weights_bytes": m.get("weights_bytes"),
-                            "measured_kv_cache_bytes": m.get("kv_cache_bytes"),
-                            "plan_over_measured": (plan[m["rank"]]["total"] / m["peak_bytes"]
-                                                   if m["rank"] in plan and m.get("peak_bytes") else None)}
-                           for m in r.memory]
+        out[r.schedule] = []
+        for m in r.memory:
+            mine = plan.get(m["rank"] // per_stage)
+            out[r.schedule].append({
+                "rank": m["rank"], "pp_rank": m["rank"] // per_stage, "plan": mine,
+                "measured_peak_bytes": m.get("peak_bytes"), "measured_weights_bytes": m.get("weights_bytes"),
+                "measured_kv_cache_bytes": m.get("kv_cache_bytes"),
+                "plan_over_measured": mine["total"] / m["peak_bytes"] if mine and m.get("peak_bytes") else None})
     return out
 
 
@@ -335,7 +344,8 @@ def _row_dict(r) -> dict:
 
 
 def _table(rows, facts, cfg) -> str:
-    head = (f"model={cfg.model} dtype={cfg.dtype} tp={cfg.tp} pp={cfg.pp} seq_len={cfg.seq_len} chunk={cfg.chunk_size} "
+    cp = f" cp={cfg.cp} ({cfg.cp_attention} attention; the trace shows CP rank 0's pipeline)" if cfg.cp > 1 else ""
+    head = (f"model={cfg.model} dtype={cfg.dtype} tp={cfg.tp}{cp} pp={cfg.pp} seq_len={cfg.seq_len} chunk={cfg.chunk_size} "
             f"repeat={cfg.repeat} (median [min-max]); transfer of one chunk {facts['transfer_s'] * 1e3:.2f} ms")
     if cfg.cached_prefix:
         head += f"; the first {cfg.cached_prefix} tokens cached (prefilled untimed), the rest timed"

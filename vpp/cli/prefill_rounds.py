@@ -68,6 +68,8 @@ class BenchConfig:
     dcpp_min_chunk: int | None = None
     # schedule -> its layout, chosen once by the command (vpp.models.run_layout.layout_for); None: chosen here
     layouts: dict | None = None
+    cp: int = 1                      # context-parallel ranks per stage (each chunk's tokens split over them)
+    cp_attention: str = "auto"       # vpp.models.cp_state.CP_METHODS
 
 
 @dataclass
@@ -170,7 +172,10 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[MeasuredPr
     layouts = cfg.layouts or {sched: layout_for(model, sched, groups.pp.size, cfg.folds, chunk=cfg.chunk_size,
                                                 seq_len=cfg.seq_len, partition=cfg.partition) for sched in cfg.schedules}
     stages = {sched: model.stages(layouts[sched], groups) for sched in cfg.schedules}
-    say(groups, f"vpp prefill: {cfg.model}, tp={cfg.tp} pp={cfg.pp}, {cfg.seq_len} tokens in chunks of "
+    for st in (st for sched in cfg.schedules for st in stages[sched]):
+        st.cp_method = cfg.cp_attention  # read only under context parallelism
+    cp = f" cp={cfg.cp}" if cfg.cp > 1 else ""
+    say(groups, f"vpp prefill: {cfg.model}, tp={cfg.tp}{cp} pp={cfg.pp}, {cfg.seq_len} tokens in chunks of "
                  f"{cfg.chunk_size}; " + "; ".join(f"{s}: {layouts[s].describe()}" for s in cfg.schedules))
     # DCPP's planner is profiled once on the real stages of its mode's profiled rank (start-up profiling)
     chunk = planned_chunk(cfg.chunk_size, cfg.seq_len)  # every chunk-sized buffer as the memory plan sized it
@@ -178,7 +183,7 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[MeasuredPr
                                    min_chunk=cfg.dcpp_min_chunk).chunk_sizes
                 if strategies.get(s).chunking == "dcpp" else cfg.chunk_size for s in cfg.schedules}
     hidden = stages[cfg.schedules[0]][0].hidden_size
-    transfer_s = measure_transfer(groups, chunk, hidden, dtype)
+    transfer_s = measure_transfer(groups, -(-chunk // cfg.cp), hidden, dtype)  # a CP rank sends its share
     rows = {s: MeasuredPrefill(s) for s in cfg.schedules}
     holds_first = {s: 0 in layouts[s].stages_of(groups.pp.rank) for s in cfg.schedules}
     last_logits: dict[str, torch.Tensor | None] = {}

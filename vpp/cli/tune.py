@@ -53,6 +53,41 @@ def check(args) -> None:
                       limit=TUNE_MAX_COMPUTES, whose="tune's limit per simulation (it simulates ~100 configurations)")
 
 
+SCHEDULES = {("loop", "blocking", "fixed"): "cpp", ("loop", "blocking", "dcpp"): "dcpp",
+             ("v", "blocking", "fixed"): "vpp", ("v", "async", "fixed"): "vpp-async"}  # (kind, comm, chunking)
+
+
+def deployment(cand, setup) -> dict | None:
+    """The runtime's (cp, tp, pp, schedule, folds, partition) of a tuner row, or None when no ``vpp
+    prefill`` schedule runs it (an interleaved layout; tapered chunk sizes, which only the API takes:
+    ``forward_prefill(chunk_size=[sizes])``)."""
+    schedule = SCHEDULES.get((cand.kind, cand.comm, cand.chunking))
+    if schedule is None:
+        return None
+    pp = cand.pp or setup.pp
+    return dict(cp=cand.cp, tp=setup.devices // (pp * cand.cp), pp=pp, schedule=schedule,
+                folds=cand.folds if cand.kind == "v" else 1, partition="even" if cand.partition == "even" else "rank",
+                chunk=cand.chunk)
+
+
+def command(cand, setup, length: int, model: str = "CHECKPOINT") -> str:
+    """The command that runs a tuner row's deployment (one line), or why none does."""
+    d = deployment(cand, setup)
+    if d is None:
+        what = "tapered chunk sizes (the API's forward_prefill(chunk_size=[...]))" if cand.chunking.startswith(
+            "taper") else f"a {cand.kind} layout"
+        return f"(no vpp prefill schedule runs {what})"
+    ranks = d["cp"] * d["tp"] * d["pp"]
+    out = f"torchrun --nproc-per-node {ranks} -m vpp prefill --model {model}"
+    if d["cp"] > 1:
+        out += f" --cp {d['cp']}"
+    out += f" --tp {d['tp']} --pp {d['pp']}"
+    if d["pp"] > 1:  # one stage (CP alone): no schedule, folds or partition to choose
+        out += f" --schedule {d['schedule']}" + (f" --folds {d['folds']}" if d["folds"] > 1 else "")
+        out += f" --partition {d['partition']}"
+    return out + f" --seq-len {length} --chunk-size {d['chunk']}"
+
+
 def run(args) -> int:
     device = args.device_obj
     setup = paper_setup(args.model, device, tp=args.tp, pp=args.pp)
@@ -67,16 +102,20 @@ def run(args) -> int:
         mem = f"{r.memory / 1e9:.1f}" + ("" if r.fits else "!")
         print(f"{i + 1:>4} {r.ttft:>10.3f} {gain:>+8.2f}% {100 * r.bubble_ratio:>6.1f}% {r.chunks:>6} {mem:>7}  "
               f"{r.candidate.describe()}")
+        print(f"{'':>4} run: {command(r.candidate, setup, args.length)}")
     if any(not r.fits for r in ranked[: args.top]):
         print(f"!: exceeds the device's {device.mem_bytes / 1e9:.0f} GB")
     print(f"paper's best configuration: {base.ttft:.3f} s ({base.candidate.describe()}); "
           f"vs paper = how much lower this row's TTFT is than that one's, in %")
+    print(f"run: the command of each row's deployment (CHECKPOINT: a model directory of {args.model}; under torchrun "
+          f"with more ranks than one node's, add --nnodes and the rendezvous options)")
     if args.json:
         write_text(args.json, json.dumps({"paper_best": {"ttft": base.ttft, "config": base.candidate.describe()},
                        "ranked": [{"ttft": r.ttft, "bubble_ratio": r.bubble_ratio, "chunks": r.chunks,
                                    "memory_gb": r.memory / 1e9, "fits": r.fits, "cp": r.candidate.cp,
-                                   "config": r.candidate.describe()} for r in ranked]}, indent=1))
+                                   "config": r.candidate.describe(),
+                                   "command": command(r.candidate, setup, args.length)} for r in ranked]}, indent=1))
     return 0
 
 
-__all__ = ["TUNE_MAX_COMPUTES", "add_arguments", "check", "run"]
+__all__ = ["SCHEDULES", "TUNE_MAX_COMPUTES", "add_arguments", "check", "command", "deployment", "run"]

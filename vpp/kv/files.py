@@ -66,6 +66,9 @@ def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = 
     instance: every rank of ``pipe.groups`` calls it). Returns the manifest (on every rank)."""
     groups = pipe.groups
     members, me = groups.members, groups.global_rank
+    if groups.cp.size > 1:  # every rank of the instance is a CP rank: every one raises this, before any exchange
+        raise ValueError(f"request {request!r}'s caches are sharded over {groups.cp.size} CP ranks; saving them to a "
+                         f"directory is not supported yet: hand them over to a TP decode instance (vpp.kv.handover)")
     local = local_caches(pipe, request)
     problem = None if local else f"global rank {me}: request {request!r} has no caches here to save"
     mine = (me, pieces_of(pipe.stages), {n: (list(t.shape), str(t.dtype).replace("torch.", "")) for n, t in local.items()},
@@ -187,6 +190,9 @@ def load_cache(pipe, request: Hashable, directory: str, *, reserve: int = 0) -> 
     will still append. Returns the manifest."""
     from safetensors import safe_open
 
+    if pipe.groups.cp.size > 1:
+        raise ValueError(f"this pipeline's stages are context-parallel (cp={pipe.groups.cp.size}): loading caches into "
+                         f"them is not supported yet (a KV hand-over or a directory goes to TP x PP ranks)")
     held = [(list(st.layer_range), st.cache_length(request)) for st in pipe.stages if st.cache_length(request)]
     if held:  # checked before reading, so that no stage is left with half a request
         raise ValueError(f"request {request!r} already holds {held[0][1]} tokens on stage {held[0][0]}: release it "

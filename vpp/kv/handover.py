@@ -21,6 +21,13 @@ decode instance (PP_d x TP_d; any layer split, any TP size that divides the head
    for ``reserve`` more tokens) and prefill ranks free theirs (``release``).
 
 Decoding then continues on the decode pipeline exactly as it would have on the prefill's.
+
+From a context-parallel prefill (``groups.cp`` of several ranks, each holding the rows of its own
+tokens; ``Stage.cache_positions`` says which): the prefill ranks of CP rank ``c`` are the sources of
+one plan per ``c``, posted in CP rank order; a decode rank receives each CP shard of its layers and
+heads whole, then puts its rows at their tokens' positions (``index_copy_`` along the token dim), so
+it holds every token in order. Nothing is gathered on the prefill side: no rank there ever holds more
+than its shard. A decode instance must not be context-parallel itself (refused in the exchange).
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ class HandoverInfo:
     num_layers: int = 0  # of the rank's model (its pipeline's layout)
     expects: dict = field(default_factory=dict)  # name -> (shape, None at the token dim; dtype), on decode ranks
     held: tuple = ()  # requests holding caches on this rank, on decode ranks
+    cp: tuple[int, int] = (0, 1)  # (CP rank, CP size) of this rank's instance
+    positions: dict = field(default_factory=dict)  # request -> token of each cached row, on CP prefill ranks
 
 
 @dataclass
@@ -113,7 +122,16 @@ def compatibility_problem(prefill_ranks: Sequence[int], decode_ranks: Sequence[i
         return (f"the decode instance's model needs {len(missing)} cache tensors the prefill instance does not hold "
                 f"{missing[:2]} and not {len(extra)} that it holds {extra[:2]}: a KV hand-over needs the same "
                 f"model on both")
+    if by_rank[decode_ranks[0]].cp[1] > 1:
+        return (f"the decode instance is context-parallel (cp={by_rank[decode_ranks[0]].cp[1]}): a KV hand-over goes "
+                f"to a decode instance of TP x PP ranks, each holding every token of its layers and heads")
+    cp = first.cp[1]
     for q in first.tokens:
+        covered = sorted(t for c in range(cp) for t in _first_of_cp(prefill_ranks, by_rank, c).positions[q]) \
+            if cp > 1 else None
+        if cp > 1 and covered != list(range(first.tokens[q])):
+            return (f"request {q!r}: the prefill's {cp} CP ranks hold {len(covered)} rows of its {first.tokens[q]} "
+                    f"tokens, not each token once")
         shapes = {}
         for r in prefill_ranks:
             shapes.update(by_rank[r].shapes[q])
@@ -135,11 +153,27 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name.replace("torch.", ""))
 
 
+def _first_of_cp(prefill_ranks: Sequence[int], by_rank: dict, c: int):
+    """The first prefill rank's info of CP rank ``c`` (every rank of a CP rank holds the same tokens)."""
+    return next(by_rank[r] for r in prefill_ranks if by_rank[r].cp[0] == c)
+
+
 def local_caches(pipe, request: Hashable) -> dict[str, torch.Tensor]:
+    """This rank's caches of ``request`` (views); under CP its shard (rows of its own tokens)."""
+    kw = {"shard": True} if pipe.groups.cp.size > 1 else {}
     out: dict[str, torch.Tensor] = {}
     for stage in pipe.stages:
-        out.update(stage.export_cache(request, copy=False))
+        out.update(stage.export_cache(request, copy=False, **kw))
     return out
+
+
+def cp_plans(prefill_ranks: Sequence[int], decode_ranks: Sequence[int], by_rank: dict) -> list[list[Transfer]]:
+    """One plan per CP rank of the prefill instance (one plan without CP): the sources of plan ``c`` are
+    the prefill ranks of CP rank ``c``, each holding that shard's rows of its pieces."""
+    cp = by_rank[prefill_ranks[0]].cp[1]
+    destinations = [Holding(r, by_rank[r].pieces) for r in decode_ranks]
+    return [plan_transfers([Holding(r, by_rank[r].pieces) for r in prefill_ranks if by_rank[r].cp[0] == c],
+                           destinations) for c in range(cp)]
 
 
 @torch.inference_mode()
@@ -158,7 +192,7 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
     me, sending = link.groups.global_rank, link.is_prefill
     if problem is None and pipe.stopped is not None:  # told to every rank in the exchange
         problem = f"global rank {me} cannot hand over: {pipe.stopped}; start the ranks anew"
-    shapes, counts = {}, {}
+    shapes, counts, positions = {}, {}, {}
     if sending and problem is None:
         if requests is None:
             problem = f"global rank {me}: a prefill rank must name the requests to hand over"
@@ -169,10 +203,13 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
                 continue
             shapes[q] = {n: (tuple(t.shape), str(t.dtype)) for n, t in local.items()}
             counts[q] = pipe.stages[0].cache_length(q)
+            if pipe.groups.cp.size > 1:  # the token of each row of this rank's shard
+                positions[q] = pipe.stages[0].cache_positions(q).tolist()
     mine = HandoverInfo(me, link.role, pieces_of(pipe.stages), shapes, counts,
                         payload if me == link.prefill_ranks[0] else None, os.urandom(8).hex(), problem,
                         pipe.layout.num_layers, {} if sending else cache_shapes_of(pipe.stages),
-                        () if sending else tuple({q for st in pipe.stages for q in st.requests()}))
+                        () if sending else tuple({q for st in pipe.stages for q in st.requests()}),
+                        (link.groups.cp.rank, link.groups.cp.size), positions)
     world = link.prefill_ranks + link.decode_ranks
     rendezvous("the KV hand-over's exchange", me, world, timeout_s=timeout_s)
     infos: list[Any] = [None] * len(world)
@@ -183,9 +220,8 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
     if problem:  # the same on every rank, before any transfer
         raise ValueError(problem)
     requests = list(by_rank[link.prefill_ranks[0]].tokens)
-    sources = [Holding(r, by_rank[r].pieces) for r in link.prefill_ranks]
-    destinations = [Holding(r, by_rank[r].pieces) for r in link.decode_ranks]
-    plan = plan_transfers(sources, destinations)
+    plans = cp_plans(link.prefill_ranks, link.decode_ranks, by_rank)
+    plan = [t for p in plans for t in p]
     watchdog = Watchdog(f"{by_rank[link.prefill_ranks[0]].run_key}/handover", me, timeout_s=timeout_s,
                         pollable=link.groups.accelerator.backend != "gloo", global_ranks=tuple(range(len(world))),
                         label="global rank")
@@ -195,17 +231,23 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
     try:
         warm_pairs(plan, me, link.groups.device, watchdog, timeout_s=timeout_s)
         for q in requests:
-            q_shapes = {}
-            for r in link.prefill_ranks:  # every tensor's shape, from the rank(s) holding it
-                q_shapes.update(by_rank[r].shapes[q])
             tokens[q] = by_rank[link.prefill_ranks[0]].tokens[q]
             if sending:
-                sent += _send(pipe, q, plan, me, watchdog)
+                sent += _send(pipe, q, plans[by_rank[me].cp[0]], me, watchdog)
                 if release:
                     pipe.release(q)
             elif any(t.dst == me for t in plan):
-                tensors = _receive(q, plan, me, by_rank[me].pieces, q_shapes, link.groups.device, watchdog)
-                received += sum(t.nbytes for t in tensors.values())
+                shards = []
+                for c, plan_c in enumerate(plans):  # in CP rank order, as the senders post them
+                    q_shapes = {}
+                    for r in link.prefill_ranks:  # every tensor's shape, from the rank(s) of CP rank c holding it
+                        if by_rank[r].cp[0] == c:
+                            q_shapes.update(by_rank[r].shapes[q])
+                    shards.append(_receive(q, plan_c, me, by_rank[me].pieces, q_shapes, link.groups.device, watchdog))
+                received += sum(t.nbytes for shard in shards for t in shard.values())
+                tensors = shards[0] if len(plans) == 1 else _in_token_order(
+                    shards, [_first_of_cp(link.prefill_ranks, by_rank, c).positions[q] for c in range(len(plans))],
+                    tokens[q], by_rank[me].expects)
                 held += sum(t.nbytes for t in tensors.values())
                 install_caches(pipe, q, tensors, tokens[q] + reserve)
     except BaseException as exc:
@@ -277,6 +319,21 @@ def _receive(request: Hashable, plan: list[Transfer], me: int, needs: tuple[Piec
     return tensors
 
 
+def _in_token_order(shards: list[dict], positions: list[list[int]], tokens: int, expects: dict) -> dict:
+    """The CP shards of each tensor (shard ``c``'s row ``i`` holds token ``positions[c][i]``) as one
+    tensor of ``tokens`` rows in token order, along the token dim (None in ``expects``' shapes)."""
+    out = {}
+    for name, first in shards[0].items():
+        dim = list(expects[name][0]).index(None)
+        shape = list(first.shape)
+        shape[dim] = tokens
+        full = first.new_empty(shape)
+        for shard, rows in zip(shards, positions):
+            full.index_copy_(dim, torch.tensor(rows, dtype=torch.long, device=full.device), shard[name])
+        out[name] = full
+    return out
+
+
 def install_caches(pipe, request: Hashable, tensors: dict[str, torch.Tensor], tokens: int) -> None:
     """Size ``request``'s caches on this rank's stages for ``tokens`` tokens, then import them."""
     for stage in pipe.stages:
@@ -285,6 +342,7 @@ def install_caches(pipe, request: Hashable, tensors: dict[str, torch.Tensor], to
         stage.import_cache(request, {k: v for k, v in tensors.items() if start <= int(k.split(".")[2]) < end})
 
 
-__all__ = ["HandoverInfo", "HandoverReport", "cache_shapes_of", "compatibility_problem", "hand_over", "install_caches",
+__all__ = ["HandoverInfo", "HandoverReport", "cache_shapes_of", "compatibility_problem", "cp_plans", "hand_over",
+           "install_caches",
            "warm_pairs",
            "local_caches", "pieces_of"]

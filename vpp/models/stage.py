@@ -208,7 +208,7 @@ class Stage(nn.Module):
 
     # --- KV hand-over: a request's caches as plain tensors ---------------------------------------
 
-    def export_cache(self, request: Hashable, *, copy: bool = True) -> dict[str, torch.Tensor]:
+    def export_cache(self, request: Hashable, *, copy: bool = True, shard: bool = False) -> dict[str, torch.Tensor]:
         """This stage's caches of ``request`` as plain tensors (copies, on this rank's device), named
         ``"model.layers.{i}.self_attn.{part}"`` with the checkpoint's global layer index ``i``:
 
@@ -221,15 +221,27 @@ class Stage(nn.Module):
         Token ``t`` of a request is row ``t`` (positions 0 .. cache_length - 1). :meth:`import_cache`
         takes the same dict into fresh stages of the same layers and TP rank; :meth:`cache_slices`
         says which slice of the full tensors this rank holds, for a hand-over to another layout.
-        ``copy=False`` gives views of the caches instead (valid until the request grows or is freed)."""
-        if self.cp_group.size > 1:
+        ``copy=False`` gives views of the caches instead (valid until the request grows or is freed).
+        Under context parallelism the caches are sharded over the CP ranks: ``shard=True`` exports this
+        rank's rows, row ``i`` holding token ``cache_positions(request)[i]`` (what a KV hand-over
+        gathers from every CP rank, :mod:`vpp.kv.handover`); without it the export is refused."""
+        if self.cp_group.size > 1 and not shard:
             raise ValueError(f"stage {self.layer_range}: request {request!r}'s caches are sharded over "
-                             f"{self.cp_group.size} CP ranks; exporting them is not supported yet")
+                             f"{self.cp_group.size} CP ranks; export this rank's rows with shard=True (their tokens: "
+                             f"cache_positions), or hand them over with vpp.kv.handover.hand_over")
         out = {}
         for i, layer in zip(range(*self.layer_range), self.model.layers.values()):
             for part, tensor in layer.self_attn.cache.get(request).items():
                 out[f"model.layers.{i}.self_attn.{part}"] = tensor.clone() if copy else tensor
         return out
+
+    def cache_positions(self, request: Hashable) -> torch.Tensor | None:
+        """Under context parallelism, the global positions of this rank's cached rows of ``request``, in
+        row order (LongTensor, on the CPU); None without it (row ``t`` holds token ``t``)."""
+        if self.cp_group.size == 1:
+            return None
+        state = self._cp.get(request)
+        return torch.zeros(0, dtype=torch.long) if state is None else state.positions[self.cp_group.rank].clone()
 
     def cache_slices(self) -> dict[str, tuple[int, int, int, int] | None]:
         """Every cache tensor this stage holds per request, named as :meth:`export_cache` names them:
@@ -257,7 +269,11 @@ class Stage(nn.Module):
 
     def import_cache(self, request: Hashable, tensors: dict[str, torch.Tensor]) -> None:
         """Install ``tensors`` (as :meth:`export_cache` names them) as the caches of ``request``,
-        which must hold none yet on this stage; decoding then continues as on the exporting stage."""
+        which must hold none yet on this stage; decoding then continues as on the exporting stage.
+        Not into a context-parallel stage (its caches would need a CP split: refused)."""
+        if self.cp_group.size > 1:
+            raise ValueError(f"stage {self.layer_range}: importing caches into a stage split over "
+                             f"{self.cp_group.size} CP ranks is not supported yet")
         if self.cache_length(request) or request in self.requests():
             raise ValueError(f"stage {self.layer_range}: request {request!r} already has caches here")
         expected = {f"model.layers.{i}.self_attn.{part}" for i, layer in zip(range(*self.layer_range),

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from vpp.parallel.groups import ParallelGroups
+from vpp.transformer.attention.context_parallel import Split
 
 from vpp.schedules.dcpp import DEFAULT_VARIANT, DcppPlanner, profiled_rank
 
@@ -30,20 +31,28 @@ PROFILE_REQUEST = "vpp-dcpp-profile"
 
 def stage_timer(stage: torch.nn.Module, groups: ParallelGroups, *, seed: int = 0) -> Callable[[int], float]:
     """``measure(tokens) -> seconds``: one forward of ``tokens`` fresh tokens through ``stage``
-    (random token ids, or random hidden states for a stage after the first), cache freed after."""
+    (random token ids, or random hidden states for a stage after the first), cache freed after. Under
+    context parallelism a chunk of ``tokens`` split over the CP group (this rank's rows; every CP rank
+    of the stage times the same sizes, its attention's collectives need them all), so the planner's
+    chunks are balanced for the CP stage's cost."""
     gen = torch.Generator().manual_seed(seed)
+    cp = groups.cp
 
     def measure(tokens: int) -> float:
+        kw = {}
         if stage.is_first:
             x = torch.randint(0, stage.vocab_size, (tokens,), generator=gen)
         else:
-            x = torch.randn(tokens, stage.hidden_size, generator=gen).to(stage.dtype)
+            rows = tokens
+            if cp.size > 1:
+                rows, kw = Split(tokens, cp.size).count(cp.rank), {"chunk_tokens": tokens}
+            x = torch.randn(rows, stage.hidden_size, generator=gen).to(stage.dtype)
         x = x.to(groups.device)  # drawn on the host (the generator is), then moved
         # profiling before the run, not the per-chunk path: synchronize so the host clock times the kernels
         groups.accelerator.synchronize(groups.device)
         start = time.perf_counter()
         with torch.inference_mode():
-            stage(x, PROFILE_REQUEST, 0)
+            stage(x, PROFILE_REQUEST, 0, **kw)
         groups.accelerator.synchronize(groups.device)
         elapsed = time.perf_counter() - start
         stage.release(PROFILE_REQUEST)

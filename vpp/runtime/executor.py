@@ -14,6 +14,17 @@ two communication modes). This rank runs ``plan.actions[pp_rank]`` in order:
   the rest.
 * ``L`` HANDOFF  -- nothing moves: the output stays in this rank's activation table for stage s+1.
 
+Context parallelism (``groups.cp`` of several ranks): every stage runs on a CP group, each of its
+ranks holding its share of every chunk (the head-tail split of
+:class:`~vpp.transformer.attention.context_parallel.Split`). Each CP rank runs the same plan; its
+pipeline group (``groups.pp``, the ranks of equal tp/cp coordinates) connects it to the MATCHING CP
+rank of every other stage, so a transfer carries this CP rank's rows of the chunk only (never the
+gathered chunk): receive buffers hold :meth:`Executor.rows` rows, and a later stage is called with
+``chunk_tokens=`` the chunk's size so that it knows the split. Stage 0 takes the whole chunk's ids
+and keeps its share; the last stage's ``last_token_only`` logits come from the CP rank holding the
+last token (broadcast over the CP group inside the stage). CP collectives run on ``groups.cp``, the
+pipeline's two directions on ``groups.pp`` / ``groups.pp_up``: three communicators.
+
 Steps shared by requests (``Plan.steps``): a step's lead SEND concatenates the outputs of the step's
 pieces (in step order) into ONE message and the lead RECV receives it into one buffer, which the
 step's first compute splits into the pieces' inputs (views, no copy). Each piece is still one stage
@@ -79,6 +90,7 @@ import torch
 
 from vpp.parallel.comm import irecv, isend
 from vpp.parallel.groups import ParallelGroups
+from vpp.transformer.attention.context_parallel import Split
 
 from vpp.schedules.ir import COMPUTE, HANDOFF, RECV, SEND, Action, Plan
 from vpp.schedules.trace import Span, Trace
@@ -123,6 +135,7 @@ class Executor:
         self.plan, self.stages, self.groups = plan, dict(stages), groups
         self.extra_tokens = extra_tokens  # cache room past each prompt (tokens the caller will decode)
         self.me = groups.pp.rank
+        self.cp = groups.cp  # a group of one without context parallelism
         self.requests = {q.id: q for q in plan.requests}
         self.hidden = {}
         for info in pipeline:
@@ -279,8 +292,10 @@ class Executor:
                 reserve(a.request, q.length + self.extra_tokens)  # caches sized once for the whole request
         start = self._now()
         mark = self.timer.begin()
-        out = stage(x, a.request, q.offset(a.chunk), last_token_only=last) if last else \
-            stage(x, a.request, q.offset(a.chunk))
+        kw = {"last_token_only": True} if last else {}
+        if self.cp.size > 1 and a.stage > 0:  # this CP rank's rows of the chunk: the stage needs its size
+            kw["chunk_tokens"] = q.tokens(a.chunk)
+        out = stage(x, a.request, q.offset(a.chunk), **kw)
         self.timer.end(mark, a.stage, a.request, a.chunk)
         self.finite.observe(a.stage, a.request, out)  # a device-side flag: no synchronisation here
         if self.ops is not None:
@@ -302,11 +317,21 @@ class Executor:
             self.ready[a.key] = out
         return blocked + (end - start)
 
+    def rows(self, request: int, chunk: int) -> int:
+        """Rows of (request, chunk) this rank's stages take and send: the chunk's tokens, or under
+        context parallelism this CP rank's share of them (see the module docstring)."""
+        tokens = self.requests[request].tokens(chunk)
+        return tokens if self.cp.size == 1 else Split(tokens, self.cp.size).count(self.cp.rank)
+
+    def step_rows(self, request: int, chunk: int) -> int:
+        """Rows of the step led by (request, chunk): what its one transfer carries from this rank."""
+        return sum(self.rows(q, c) for q, c in self.plan.step_pieces(request, chunk))
+
     def _split_step(self, lead: tuple) -> None:
         """One received step -> the inputs of its pieces, in step order (views of the buffer)."""
         stage, buf = lead[0], self.ready.pop(lead)
         pieces = self.plan.step_pieces(lead[1], lead[2])
-        parts = torch.split(buf, [self.requests[q].tokens(c) for q, c in pieces])
+        parts = torch.split(buf, [self.rows(q, c) for q, c in pieces])
         for (q, c), part in zip(pieces, parts):
             self.ready[(stage, q, c)] = part
 
@@ -333,7 +358,7 @@ class Executor:
         outs = [self.ready.pop((a.stage, q, c)) for q, c in pieces]
         x = outs[0] if len(outs) == 1 else torch.cat(outs)  # one message per step
         hidden, dtype = self.hidden[a.stage]
-        expected = (self.plan.step_tokens(a.request, a.chunk), hidden)
+        expected = (self.step_rows(a.request, a.chunk), hidden)
         if tuple(x.shape) != expected or str(x.dtype) != dtype:
             raise ValueError(f"stage {a.stage} produced {tuple(x.shape)} {x.dtype} for request {a.request} "
                              f"chunk {a.chunk}, but its receiver expects {expected} {dtype}")
@@ -358,7 +383,7 @@ class Executor:
                 x, channel = self._prepare_send(a)
             else:
                 hidden, dtype = self.hidden[a.stage]
-                x = torch.empty(self.plan.step_tokens(a.request, a.chunk), hidden,
+                x = torch.empty(self.step_rows(a.request, a.chunk), hidden,
                                 dtype=getattr(torch, dtype.replace("torch.", "")), device=self.device)
                 channel = self.groups.pp_channel(a.peer, self.me)
                 self.ready[a.key] = x
@@ -372,8 +397,7 @@ class Executor:
 
     def _recv(self, a: Action) -> float:
         hidden, dtype = self.hidden[a.stage]
-        tokens = self.plan.step_tokens(a.request, a.chunk)
-        buf = torch.empty(tokens, hidden, dtype=getattr(torch, dtype.replace("torch.", "")), device=self.device)
+        buf = torch.empty(self.step_rows(a.request, a.chunk), hidden, dtype=getattr(torch, dtype.replace("torch.", "")), device=self.device)
         channel = self.groups.pp_channel(a.peer, self.me)
         self.ready[a.key] = buf
         lane = (id(channel), a.peer)

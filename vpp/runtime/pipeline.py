@@ -40,7 +40,7 @@ from .executor import Executor
 from .layout_inference import check_stage_shapes, infer_layout
 from .prefill_output import PrefillOutput
 from .sampling import Sampler
-from .stage_contract import check_stages
+from .stage_contract import check_context_parallel, check_stages
 from .traces import gather_trace
 from .watchdog import rendezvous
 
@@ -102,6 +102,7 @@ class Pipeline:
             raise TypeError(f"stages must be a list of this rank's stage modules, got {type(stages).__name__}")
         self.stages, self.groups = list(stages), groups
         check_stages(self.stages)  # every missing member of every stage, in one error
+        check_context_parallel(self.stages, groups.cp.ranks)
         infos = handshake.exchange(self.stages, groups, None, timeout_s=self.timeout_s)
         self.key, self.steps = infos[0].run_key, 0  # the same on every rank: names decode steps' notices
         self.stopped: str | None = None  # why a call stopped in the middle of its transfers (see check_usable)

@@ -20,6 +20,7 @@ REQUIRED = ("__call__", "layer_range", "hidden_size", "vocab_size", "is_first", 
             "cache_length", "release")
 OPTIONAL = ("max_positions", "reserve", "decode", "nonfinite_layer", "requests", "cache_nbytes")
 HANDOVER = ("requests", "export_cache", "import_cache", "cache_slices", "cache_shapes")
+CONTEXT_PARALLEL = ("cp_group",)
 
 
 @runtime_checkable
@@ -53,6 +54,13 @@ class StageModule(Protocol):
     * KV hand-over (:mod:`vpp.kv`, :data:`HANDOVER`): ``requests()`` (the requests with caches here),
       ``export_cache(request, copy=True)``, ``import_cache(request, tensors)``, ``cache_slices()``,
       ``cache_shapes()``, as :class:`vpp.models.stage.Stage` documents them.
+
+    Context parallelism (groups with a CP group of several ranks; :data:`CONTEXT_PARALLEL`): a stage
+    offers ``cp_group`` (the :class:`~vpp.parallel.groups.Group` it splits chunks over, checked to be
+    the pipeline's) and takes ``chunk_tokens=n`` on every stage but the first: ``x`` is then this CP
+    rank's rows of a chunk of ``n`` tokens (the first stage takes the whole chunk's ids and keeps its
+    share), and it returns its rows (the last stage: the chunk's logits, ``[1, vocab]`` for the last
+    token, on every CP rank).
     """
 
     layer_range: tuple[int, int]
@@ -85,4 +93,18 @@ def check_stages(stages: Sequence[object], names: Sequence[str] = REQUIRED, what
                         f"{', '.join(names)}")
 
 
-__all__ = ["HANDOVER", "OPTIONAL", "REQUIRED", "StageModule", "check_stages", "missing_members"]
+def check_context_parallel(stages: Sequence[object], cp_ranks: tuple[int, ...]) -> None:
+    """Under context parallelism (``cp_ranks``: the global ranks of this rank's CP group, several),
+    every stage must split its chunks over that same group: one TypeError / ValueError naming the
+    first stage that cannot."""
+    if len(cp_ranks) < 2:
+        return
+    check_stages(stages, CONTEXT_PARALLEL, "context parallelism")
+    for i, s in enumerate(stages):
+        have = tuple(getattr(s.cp_group, "ranks", ()))
+        if have != tuple(cp_ranks):
+            raise ValueError(f"stages[{i}] ({type(s).__name__}) splits its chunks over CP ranks {list(have)}, but "
+                             f"the pipeline's CP group is {list(cp_ranks)}: build the stages with the same groups")
+
+
+__all__ = ["CONTEXT_PARALLEL", "HANDOVER", "OPTIONAL", "REQUIRED", "StageModule", "check_context_parallel", "check_stages", "missing_members"]
