@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -299,10 +300,11 @@ def summarize(samples: dict) -> dict:
         ttft = [r["ttft"] for r in runs]
         entry = {"median_s": statistics.median(ttft), "min_s": min(ttft), "max_s": max(ttft),
                  "cpu_s": statistics.median(r["cpu"] for r in runs) if runs[0].get("cpu") is not None else None}
-        for prefix, base in (("ratio", BASELINE.get(who)), ("pp1_ratio", SCALING.get(who))):
+        for prefix, base, what in (("ratio", BASELINE.get(who), "ttft"), ("pp1_ratio", SCALING.get(who), "ttft"),
+                                   ("cpu_ratio", BASELINE.get(who), "cpu")):
             base_runs = samples.get((model, length, base)) if base else None
-            if base_runs:  # None: vLLM itself, or a contender that did not run
-                ratios = [a["ttft"] / b["ttft"] for a, b in zip(runs, base_runs)]
+            if base_runs and all(r.get(what) for r in runs + base_runs):  # None: vLLM itself, or not measured
+                ratios = [a[what] / b[what] for a, b in zip(runs, base_runs)]
                 entry.update({f"{prefix}_median": statistics.median(ratios), f"{prefix}_min": min(ratios),
                               f"{prefix}_max": max(ratios)})
         out[f"{model}/{length}/{who}"] = entry
@@ -326,10 +328,12 @@ def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
              f"`python -m benchmarks.vs_vllm --lengths {','.join(map(str, args.lengths))} --rounds {args.rounds} "
              f"--models {','.join(args.models)}` (load average before/after: {load[0]:.2f} / {load[1]:.2f})", "",
              "TTFT in seconds, median [min-max] of interleaved rounds; ratio: vpp's TTFT over vLLM's at the "
-             "same degree, per round (below 1: vpp is faster); PP2/PP1: vpp's PP2 TTFT over its PP1, per round.",
+             "same degree, per round (below 1: vpp is faster); PP2/PP1: vpp's PP2 TTFT over its PP1, per round; "
+             "CPU s: user + system seconds of every process of the contender (vpp's ranks; vLLM's engine tree), "
+             "and their ratio per round: what a loaded machine's share of the cores does not change.",
              "" if not getattr(args, "busy", 0) else f"\nWith {args.busy} busy loops (``while 1: pass``, the ranks' niceness) through the timed rounds.",
-             "", "| model | tokens | contender | TTFT s | ratio to vLLM | PP2/PP1 | CPU s (vpp ranks) |",
-             "|---|---|---|---|---|---|---|"]
+             "", "| model | tokens | contender | TTFT s | ratio to vLLM | PP2/PP1 | CPU s | CPU ratio to vLLM |",
+             "|---|---|---|---|---|---|---|---|"]
 
     def ratio(e, prefix):
         return f"{e[prefix + '_median']:.2f} [{e[prefix + '_min']:.2f}-{e[prefix + '_max']:.2f}]" \
@@ -338,7 +342,7 @@ def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
         model, length, who = key.split("/")
         cpu = f"{e['cpu_s']:.1f}" if e.get("cpu_s") is not None else ""
         lines.append(f"| {model} | {length} | {who} | {e['median_s']:.2f} [{e['min_s']:.2f}-{e['max_s']:.2f}] | "
-                     f"{ratio(e, 'ratio')} | {ratio(e, 'pp1_ratio')} | {cpu} |")
+                     f"{ratio(e, 'ratio')} | {ratio(e, 'pp1_ratio')} | {cpu} | {ratio(e, 'cpu_ratio')} |")
     lines += ["", "Greedy tokens (first prompt length): " + "; ".join(
         f"{m}: {'equal' if t['equal'] else 'DIFFER'} ({t['matching']} of {t['n']})" for m, t in tokens.items()),
         "", "CPU seconds the idle vLLM engines used while the other contenders ran, per round: " + ", ".join(
@@ -348,6 +352,8 @@ def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # SIGTERM (timeout, kill) unwinds like Ctrl-C, so the engines (in sessions of their own) are closed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     python = venv_python(args.venv, args.install)
     import multiprocessing as mp
 
@@ -402,9 +408,12 @@ def main(argv=None) -> int:
                             others = {pp: cpu_seconds(e.proc.pid) for pp, e in engines.items()}
                             res = runners[who]()
                             for pp, e in engines.items():
-                                if not who.startswith(f"vllm-pp{pp}"):
+                                used = cpu_seconds(e.proc.pid) - others[pp]
+                                if who == f"vllm-pp{pp}":  # the engine's whole process tree, as vpp's ranks
+                                    res["cpu"] = used
+                                else:
                                     key = f"vllm-pp{pp} idle during {who}"
-                                    idle[key] = idle.get(key, 0.0) + (cpu_seconds(e.proc.pid) - others[pp]) / args.rounds
+                                    idle[key] = idle.get(key, 0.0) + used / args.rounds
                             res.setdefault("cpu", None)
                             samples.setdefault((name, length, who), []).append(res)
                             print(f"{name} {length} round {r + 1} {who}: {res['ttft']:.2f} s (load "

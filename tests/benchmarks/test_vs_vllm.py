@@ -42,7 +42,7 @@ def test_ratios_are_taken_per_round():
     assert entry["median_s"] == 2.0 and "ratio_median" not in summary["m/8/vllm-pp1"]
     args = vs_vllm.parse_args(["--lengths", "8192", "--models", "qwen3-moe"])
     text = vs_vllm.render(summary, {"m": {"equal": True, "matching": 16, "n": 16}}, {}, args, (1.0, 2.0))
-    assert "| m | 8 | vpp-pp1 | 2.00 [2.00-2.00] | 1.25 [0.50-2.00] |  | 1.0 |" in text
+    assert "| m | 8 | vpp-pp1 | 2.00 [2.00-2.00] | 1.25 [0.50-2.00] |  | 1.0 |  |" in text
     assert "equal (16 of 16)" in text
 
 
