@@ -83,6 +83,8 @@ BUSY_LOOP = "while 1: pass"
 VLLM_DRIVER = r'''
 import json, os, sys, time
 args = json.loads(sys.argv[1])
+out = os.fdopen(os.dup(1), "w", buffering=1)  # ours alone (not inherited): vLLM's workers print on fd 1 too
+os.dup2(2, 1)  # everything else printed goes to the log
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 kw = dict(model=args["model"], dtype="float32", enforce_eager=True, skip_tokenizer_init=True,
@@ -100,14 +102,14 @@ for attempt in range(3):  # PP>1 with enforce_eager: the first step may fail unt
         break
     except Exception as exc:
         print(json.dumps({"warmup_error": repr(exc)[:300]}), file=sys.stderr, flush=True)
-print("@vs_vllm " + json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
+print("@vs_vllm " + json.dumps({"ready": True, "pid": os.getpid()}), file=out, flush=True)
 for line in sys.stdin:
     cmd = json.loads(line)
     if cmd["op"] == "quit":
         break
     start = time.perf_counter()
     tokens = run(cmd["ids"], cmd.get("tokens", 1))
-    print("@vs_vllm " + json.dumps({"ttft": time.perf_counter() - start, "tokens": list(tokens)}), flush=True)
+    print("@vs_vllm " + json.dumps({"ttft": time.perf_counter() - start, "tokens": list(tokens)}), file=out, flush=True)
 '''
 
 
@@ -202,7 +204,7 @@ class VllmEngine:
             raise RuntimeError(f"vLLM PP{pp} did not start: {ready}")
 
     def _read(self) -> dict:
-        while True:  # vLLM prints its own lines on stdout too: ours carry a marker
+        while True:  # our lines carry a marker (and vLLM's own output goes to the log)
             line = self.proc.stdout.readline()
             if not line:
                 raise RuntimeError(f"vLLM exited with {self.proc.wait()} (its log: {self.log})")
