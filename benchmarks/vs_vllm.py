@@ -19,10 +19,11 @@ stops them after the last round: the machine loaded as other work loads it; ``--
 ranks unpinned.
 
 What differs, so the reading is fair:
-- kernels: vLLM's CPU build runs its own AVX-512 attention over a paged KV cache
-  (``cpu_attention_with_kv_cache``), its fused MoE on prepacked weights and oneDNN GEMMs; vpp runs
-  torch's CPU flash attention (prefix and diagonal pieces merged by log-sum-exp) and a per-expert GEMM
-  loop (``vpp/transformer/attention/kernel.py``, ``vpp/transformer/expert_gemm.py``).
+- kernels: vLLM's CPU build runs its own attention over a paged KV cache (``cpu_attention_with_kv_cache``;
+  its ``vec`` kernel on an AVX2-only CPU, AVX-512 / AMX where present), its fused MoE on prepacked
+  weights and oneDNN GEMMs; vpp runs torch's CPU flash attention (prefix and diagonal pieces merged by
+  log-sum-exp) and its experts in one pass of per-expert MKL GEMMs (``vpp/transformer/attention/kernel.py``,
+  ``vpp/transformer/expert_gemm.py``).
 - processes: vLLM's front end, engine core and workers are separate processes (PP2: one worker per
   rank over shared memory); vpp's ranks are two processes talking over gloo (TCP on loopback).
 - timing: vLLM's TTFT is the wall time of ``LLM.generate(max_tokens=1)`` (scheduling and sampling of
