@@ -315,9 +315,10 @@ def summarize(samples: dict) -> dict:
 
 
 def busy_loops(n: int) -> list[subprocess.Popen]:
-    """``n`` busy loops at this process's niceness, as vpp's ranks run (the load other work puts on the
-    machine); stop them with :func:`stop`."""
-    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(n)]
+    """``n`` busy loops at this process's niceness, as vpp's ranks run, in a session of their own as
+    other work is (Linux's autogroup shares the cores between sessions first, then between the tasks
+    of each); stop them with :func:`stop`."""
+    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True) for _ in range(n)]
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
