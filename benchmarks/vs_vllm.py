@@ -97,13 +97,18 @@ llm = LLM(**kw)
 def run(ids, n):
     sp = SamplingParams(max_tokens=n, temperature=0.0, detokenize=False, ignore_eos=True)
     return llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0].token_ids
+error = None
 for attempt in range(3):  # PP>1 with enforce_eager: the first step may fail until the intermediate buffer exists
     try:
         run(list(range(2, 2 + args["chunk"] * 2)), 1)
+        error = None
         break
     except Exception as exc:
-        print(json.dumps({"warmup_error": repr(exc)[:300]}), file=sys.stderr, flush=True)
-print("@vs_vllm " + json.dumps({"ready": True, "pid": os.getpid()}), file=out, flush=True)
+        error = repr(exc)[:300]
+        print(json.dumps({"warmup_error": error}), file=sys.stderr, flush=True)
+print("@vs_vllm " + json.dumps({"ready": error is None, "error": error, "pid": os.getpid()}), file=out, flush=True)
+if error is not None:
+    sys.exit(1)
 for line in sys.stdin:
     cmd = json.loads(line)
     if cmd["op"] == "quit":
@@ -202,7 +207,9 @@ class VllmEngine:
                                      stderr=open(self.log, "w"), text=True, env=env, start_new_session=True)
         ready = self._read()
         if not ready.get("ready"):
-            raise RuntimeError(f"vLLM PP{pp} did not start: {ready}")
+            self.close()
+            raise RuntimeError(f"vLLM PP{pp} did not start: its warm-up failed with {ready.get('error')} "
+                               f"(its log: {self.log})")
 
     def _read(self) -> dict:
         while True:  # our lines carry a marker (and vLLM's own output goes to the log)
