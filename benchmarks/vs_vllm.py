@@ -334,10 +334,23 @@ def stop(procs: list[subprocess.Popen]) -> None:
         proc.wait()
 
 
+def _extra_args(args) -> str:
+    """The options of a run that differ from the defaults, as written on its command line."""
+    extra = ""
+    if list(getattr(args, "contenders", CONTENDERS)) != list(CONTENDERS):
+        extra += f" --contenders {','.join(args.contenders)}"
+    if getattr(args, "busy", 0):
+        extra += f" --busy {args.busy}"
+    if not getattr(args, "pin", True):
+        extra += " --no-pin"
+    return extra
+
+
 def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
     lines = ["# vpp against vLLM on this CPU", "",
              f"`python -m benchmarks.vs_vllm --lengths {','.join(map(str, args.lengths))} --rounds {args.rounds} "
-             f"--models {','.join(args.models)}` (load average before/after: {load[0]:.2f} / {load[1]:.2f})", "",
+             f"--models {','.join(args.models)}{_extra_args(args)}` (load average before/after: {load[0]:.2f} / "
+             f"{load[1]:.2f})", "",
              "TTFT in seconds, median [min-max] of interleaved rounds; ratio: vpp's TTFT over vLLM's at the "
              "same degree, per round (below 1: vpp is faster); PP2/PP1: vpp's PP2 TTFT over its PP1, per round; "
              "CPU s: user + system seconds of every process of the contender (vpp's ranks; vLLM's engine tree), "

@@ -58,6 +58,8 @@ def test_contenders_busy_and_pin_arguments():
     args = vs_vllm.parse_args(["--contenders", "vpp-pp1,vpp-pp2-vpp-async", "--busy", "2", "--no-pin"])
     assert args.contenders == ["vpp-pp1", "vpp-pp2-vpp-async"] and args.busy == 2 and not args.pin
     assert vs_vllm.parse_args([]).contenders == list(vs_vllm.CONTENDERS) and vs_vllm.parse_args([]).pin
+    text = vs_vllm.render({}, {}, {}, args, (1.0, 1.0))
+    assert "--contenders vpp-pp1,vpp-pp2-vpp-async --busy 2 --no-pin`" in text.splitlines()[2]  # the command, line 3
 
 
 @pytest.mark.parametrize("argv", [["--contenders", "vpp-pp3"], ["--contenders", ","], ["--busy", "-1"]])
