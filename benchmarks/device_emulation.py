@@ -26,9 +26,8 @@ import os
 
 from vpp.schedules import strategies
 from vpp.schedules.cost import LinearCost
-from vpp.schedules.ir import chunk_requests
 from vpp.schedules.layout import make_layout
-from vpp.schedules.simulator import simulate_plan
+from vpp.schedules.runner import simulate
 from vpp.testing.emulated_run import emulate
 
 SCHEDULES = ("cpp", "vpp", "vpp-async")
@@ -43,10 +42,11 @@ def row(schedule: str, pp: int, chunks: int, t: float, transfer_ratio: float, st
     layout = make_layout(strategy.layout, 8 * pp, pp)
     per_stage = t * pp / layout.num_stages  # every rank holds the same share of the model
     cost = LinearCost.eq2(per_stage, CHUNK, seconds_per_token=transfer_ratio * per_stage / CHUNK)
-    plan = strategy.plan(layout, chunk_requests([chunks * CHUNK], CHUNK))
+    simulated = simulate(schedule, layout, chunks * CHUNK, cost, chunk_size=CHUNK, check=True)
+    plan = simulated.plan  # the plan the emulated device runs is the one simulated
     res = emulate(plan, cost, streams=streams)
     unfused = res if streams == "pair" else emulate(plan, cost, streams=streams, fuse=False)
-    sim = max(s.end for s in simulate_plan(plan, cost).spans)
+    sim = max(s.end for s in simulated.trace.spans)
     return {"schedule": schedule, "pp": pp, "streams": streams, "comm": plan.comm,
             "host_blocking_waits_per_chunk": res.per_chunk("host_transfer_waits"),
             "host_compute_waits_per_chunk": round(res.per_chunk("host_compute_waits"), 3),

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import argparse
 
-from vpp.schedules import LinearCost, Request, make_layout, simulate_plan, strategies
+from vpp.schedules import LinearCost, make_layout, strategies
+from vpp.schedules.runner import simulate
 
 C = 1024
 
@@ -27,9 +28,8 @@ C = 1024
 def makespan(schedule: str, weights: tuple[float, ...], n: int, a: float, b: float) -> float:
     kind = strategies.get(schedule).layout
     layout = make_layout(kind, 6, 2, partition=(3, 3) if kind == "loop" else (2, 1, 2, 1))  # weights set the costs
-    plan = strategies.get(schedule).plan(layout, [Request(0, (C,) * n)])
     cost = LinearCost(per_token=a / C, per_token_prefix=b / C ** 2, stage_weights=weights)
-    return simulate_plan(plan, cost, check=False).makespan
+    return simulate(schedule, layout, n * C, cost, chunk_size=C).trace.makespan  # one prompt of n chunks
 
 
 def rows(a: float, b: float, chunk_counts) -> list[list]:

@@ -12,8 +12,8 @@ destroyed after it, so no case depends on which ran before.
 Failures: a case that raises on some ranks fails with their tracebacks once every rank answered; a rank
 that does not answer within ``timeout`` (or within a grace after a peer raised: it waits for a peer
 that stopped), or dies, fails the case naming it, and the world is stopped and spawned anew for the
-next case. Cases that plant faults (kill a rank, monkeypatch a module, leave transfers behind) keep
-their own ``run_distributed`` worlds.
+next case. Cases that plant faults (kill a rank, leave transfers behind, monkeypatch a module without
+restoring it in a ``finally``) keep their own ``run_distributed`` worlds.
 
 No process stays behind: :meth:`Worlds.close` ends every rank at session end (teardown also runs on
 Ctrl-C), and each rank dies with the pytest process (SIGKILL included: ``PR_SET_PDEATHSIG``).

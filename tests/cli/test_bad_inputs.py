@@ -77,8 +77,8 @@ CASES = [
      r"cuts 4096 tokens into 8 chunks, 3200000 stage computes over 400000 stages; the simulator's limit is 200000"),
     ("serve-sim --folds 5000 --layers 20000", 2, r"stage computes over 20000 stages; the simulator's limit is 200000"),
     ("tune --chunks 8192,0", 2, r"argument --chunks: must be comma-separated integers >= 1"),
-    ("tune --model deepseek-v3.1 --device h100 --tp 1 --pp 1 --length 1048576", 1,
-     r"none of \d+ configurations of deepseek-v3.1 at tp=1 pp=1 for 1048576 tokens fits in h100-sxm's 80.0 GB: "
+    ("tune --model deepseek-v3.1 --device h100 --tp 1 --pp 1 --length 65536", 1,
+     r"none of \d+ configurations of deepseek-v3.1 at tp=1 pp=1 for 65536 tokens fits in h100-sxm's 80.0 GB: "
      r"the smallest needs [\d.]+ GB on its busiest device \(weights [\d.]+ GB, kv_cache [\d.]+ GB"),
     ("calibrate --tokens 0", 2, r"argument --tokens: must be an integer >= 1, got 0"),
     ("calibrate --tokens 1000000000", 2, r"--tokens 1000000000 is 1000000000 tokens, more than the model's \d+ positions"),

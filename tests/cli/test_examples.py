@@ -21,9 +21,9 @@ def _run(*args):
     return proc.stdout
 
 
-@pytest.mark.parametrize("script", ["deepseek_prefill.py", "glm_prefill.py"])
-def test_family_examples_print_the_first_token(script):
-    out = _run(f"examples/{script}", "--seq-len", "384", "--chunk-size", "128")
+def test_glm_example_prints_the_first_token():
+    """(deepseek_prefill.py runs below, on an FP8 checkpoint against transformers' next token.)"""
+    out = _run("examples/glm_prefill.py", "--seq-len", "384", "--chunk-size", "128")
     assert re.search(r"first generated token: \d+", out), out
 
 
@@ -70,13 +70,10 @@ def generated():
     return json.loads(_run("-m", "vpp", *GENERATE))
 
 
-def test_generate_command_json_and_stream(generated):
+def test_generate_command_json(generated):
     d = generated
     assert len(d["prompt_ids"]) == 48 and len(d["generated_ids"]) == 4 and d["ttft_s"] > 0
     assert d["time_per_output_token_s"] > 0
-    streamed = _run("-m", "vpp", "generate", "--seq-len", "48", "--chunk-size", "16", "--max-new-tokens", "4",
-                    "--schedule", "cpp")
-    assert streamed.split() == [str(t) for t in d["generated_ids"]]  # same greedy tokens, ids streamed
 
 
 def test_example_runs_an_fp8_checkpoint_on_a_text_prompt(tmp_path):
@@ -93,12 +90,12 @@ def test_example_runs_an_fp8_checkpoint_on_a_text_prompt(tmp_path):
     assert re.search(rf"first generated token: {int(ref.argmax())};", out), out
 
 
-def test_generate_under_torchrun_matches_spawned_ranks(generated):
-    import json
-    spawned = generated
-    out = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "vpp", *GENERATE)
-    launched = json.loads(out.strip().splitlines()[-1])  # global rank 0 prints the object
-    assert launched["generated_ids"] == spawned["generated_ids"] and launched["prompt_ids"] == spawned["prompt_ids"]
+def test_generate_under_torchrun_streams_the_tokens_of_spawned_ranks(generated):
+    """Under torchrun, without --json and on CPP: global rank 0 alone streams the ids, the same greedy
+    tokens as the spawned ranks' VPP run (the same seeded prompt)."""
+    streamed = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "vpp",
+                    *[a for a in GENERATE if a not in ("--json", "vpp")], "cpp")
+    assert streamed.split() == [str(t) for t in generated["generated_ids"]], streamed
 
 
 def test_generate_decodes_on_another_group_and_from_a_kv_directory(tmp_path):

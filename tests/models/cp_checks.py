@@ -1,8 +1,9 @@
-"""Context-parallel checks run on spawned gloo ranks, one world per grid (CP2: 2 ranks; CP2 x TP2:
-4 ranks) running every case: each family, each attention method, several chunks, a cached prefix,
+"""Context-parallel checks run on the session's persistent gloo worlds (tests/worlds.py), one per grid
+(CP2: 2 ranks; CP2 x TP2: 4 ranks) running every case: each family, each attention method, several chunks, a cached prefix,
 a 3-request stream, decode after a CP prefill, and the broken variants that must be caught. Each
-check returns numbers keyed by a name; the tests compare them in the pytest process. No
-transformers import here."""
+check returns numbers keyed by a name; the tests compare them in the pytest process. A broken variant
+is installed for one check and restored in a ``finally``, so the world's next case sees the right code.
+No transformers import here."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Context parallelism (CP) on real ranks against transformers (tiny random models, fp32).
 
-One spawned gloo world per grid runs every case (tests/models/cp_checks.py; slow tier, as every
-test that starts processes): CP2 (2 ranks) and CP2 x TP2 (4 ranks). The fast tier checks the split,
+One gloo world per grid, the session's persistent one (tests/worlds.py), runs every case
+(tests/models/cp_checks.py; slow tier, as every test that starts processes): CP2 (2 ranks) and CP2 x TP2 (4 ranks). The fast tier checks the split,
 the rule, the memory plan, and the pieces-and-merge arithmetic of every method in one process. Each family (qwen3_moe: GQA; deepseek_v3: MLA; deepseek_v32 and
 glm_moe_dsa: DSA with index_topk 8, so chunks past 8 keys select) with each attention method
 (all-gather, ring pass-KV, pass-Q): the 37-token prompt in chunks of 16, 16 and 5 (the ragged last
@@ -29,17 +29,15 @@ METHODS = ("all-gather", "pass-kv", "pass-q")
 
 
 @pytest.fixture(scope="session")
-def cp2_results(hf_cases):
+def cp2_results(hf_cases, worlds):
     from tests.models.cp_checks import run_cp2_world
-    from vpp.parallel import run_distributed
-    return run_distributed(run_cp2_world, 2, list(hf_cases.values()), GREEDY_STEPS, timeout=600)
+    return worlds.run(2, run_cp2_world, list(hf_cases.values()), GREEDY_STEPS, timeout=600)
 
 
 @pytest.fixture(scope="session")
-def cp2tp2_results(hf_cases):
+def cp2tp2_results(hf_cases, worlds):
     from tests.models.cp_checks import run_cp_checks
-    from vpp.parallel import run_distributed
-    return run_distributed(run_cp_checks, 4, list(hf_cases.values()), 2, GREEDY_STEPS, timeout=900)
+    return worlds.run(4, run_cp_checks, list(hf_cases.values()), 2, GREEDY_STEPS, timeout=900)
 
 
 @pytest.fixture(scope="session")
