@@ -25,18 +25,11 @@ PROMPT = 37  # chunks of 8: 8, 8, 8, 8, 5 (the last ragged: the CP ranks hold 18
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
-    from tests.models.hf_tiny import VOCAB, model
+    from tests.models.hf_tiny import VOCAB, saved_with_greedy
 
     root = tmp_path_factory.mktemp("cp-handover")
     prompt = torch.randint(0, VOCAB, (PROMPT,), generator=torch.Generator().manual_seed(3))
-    out = {}
-    for model_type in FAMILIES:
-        m = model(model_type, num_hidden_layers=6)
-        m.save_pretrained(root / model_type)
-        with torch.no_grad():
-            seq = m.generate(prompt[None], attention_mask=torch.ones_like(prompt)[None], max_new_tokens=NEW,
-                             do_sample=False, pad_token_id=0, eos_token_id=None)
-        out[model_type] = (str(root / model_type), seq[0, prompt.numel():].tolist(), m.config.to_dict())
+    out = saved_with_greedy(root, FAMILIES, prompt, NEW, num_hidden_layers=6)
     return prompt, out
 
 

@@ -75,6 +75,20 @@ class Case:
     logits: dict[str, torch.Tensor]
 
 
+def saved_with_greedy(root: Path, model_types, prompt: torch.Tensor, new_tokens: int, **config_kw) -> dict:
+    """Each family saved under ``root`` with its greedy continuation of ``prompt`` (transformers'
+    ``generate``, no EOS): ``{model_type: (directory, new token ids, config dict)}``."""
+    out = {}
+    for model_type in model_types:
+        m = model(model_type, **config_kw)
+        m.save_pretrained(root / model_type)
+        with torch.no_grad():
+            seq = m.generate(prompt[None], attention_mask=torch.ones_like(prompt)[None], max_new_tokens=new_tokens,
+                             do_sample=False, pad_token_id=0, eos_token_id=None)
+        out[model_type] = (str(root / model_type), seq[0, prompt.numel():].tolist(), m.config.to_dict())
+    return out
+
+
 def make_case(model_type: str, root: Path) -> Case:
     m = model(model_type)
     path = root / model_type
