@@ -417,11 +417,11 @@ class EmulatedDevice:
         return (min(op.start for op in computes if op.stage == last),
                 max(op.end for op in computes if op.stage == 0))
 
-    def recv_overlap(self, steady: bool = True) -> float:
+    def recv_overlap(self, steady: bool = True, keep=None) -> float:
         """Transfer time of the receives during which the receiving rank computed, over their total
         transfer time; ``steady``: only receives that start inside :meth:`steady_window` (in the fill
         and the drain a rank may have nothing to compute while its input travels: a bubble, not a
-        receive held back)."""
+        receive held back); ``keep(label)``: only the receives whose label it accepts."""
         busy: dict[int, list] = {}
         for op in self.ops:
             if op.kind == "compute" and op.duration > 0:
@@ -429,7 +429,7 @@ class EmulatedDevice:
         lo, hi = self.steady_window() if steady else (float("-inf"), float("inf"))
         total = covered = 0.0
         for op in self.ops:
-            if op.kind != "recv" or op.duration <= 0 or not lo <= op.start < hi:
+            if op.kind != "recv" or op.duration <= 0 or not lo <= op.start < hi or (keep and not keep(op.label)):
                 continue
             total += op.end - op.start
             covered += sum(max(0.0, min(op.end, b) - max(op.start, a)) for a, b in busy.get(op.rank, ()))

@@ -72,22 +72,6 @@ class RingEmulation:
     receives: int
 
 
-def _overlap(device: EmulatedDevice, keep) -> tuple[float, int]:
-    busy: dict[int, list] = {}
-    for op in device.ops:
-        if op.kind == "compute" and op.duration > 0:
-            busy.setdefault(op.rank, []).append((op.start, op.end))
-    total = covered = 0.0
-    n = 0
-    for op in device.ops:
-        if op.kind != "recv" or op.duration <= 0 or not keep(op.label):
-            continue
-        n += 1
-        total += op.end - op.start
-        covered += sum(max(0.0, min(op.end, b) - max(op.start, a)) for a, b in busy.get(op.rank, ()))
-    return (covered / total if total > 0 else 1.0), n
-
-
 def emulate_ring(cp: int = 2, chunks=(64, 64, 64, 64), *, layers: int = 2, heads: int = 8, kv_heads: int = 2,
                  head_dim: int = 32, method: str = "pass-kv", device: Device | str = "h100", scale: int = 128,
                  host_waits: bool = False, streams: str = "pair", seed: int = 0, timeout_s: float = 60.0) -> RingEmulation:
@@ -172,10 +156,10 @@ def emulate_ring(cp: int = 2, chunks=(64, 64, 64, 64), *, layers: int = 2, heads
         first = min(failures, key=lambda r: (isinstance(failures[r], threading.BrokenBarrierError), r))
         raise EmulationError("; ".join(f"emulated CP rank {r} failed: {type(e).__name__}: {e}"
                                        for r, e in sorted(failures.items()))) from failures[first]
-    overlap, n = _overlap(emu, lambda label: True)
-    steady, _ = _overlap(emu, lambda label: not label.startswith("c0."))
-    return RingEmulation(emu.makespan(), overlap, steady, [c.host_transfer_waits for c in emu.counters],
-                         max(errors), n)
+    receives = sum(op.kind == "recv" and op.duration > 0 for op in emu.ops)
+    steady = emu.recv_overlap(steady=False, keep=lambda label: not label.startswith("c0."))
+    return RingEmulation(emu.makespan(), emu.recv_overlap(steady=False), steady,
+                         [c.host_transfer_waits for c in emu.counters], max(errors), receives)
 
 
 __all__ = ["RingCost", "RingEmulation", "emulate_ring"]
