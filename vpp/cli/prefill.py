@@ -279,7 +279,7 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float, memory_plan: dict | 
         failed = [r.schedule for r in rows if r.max_abs_diff is None or not r.max_abs_diff <= atol]
     if as_json:
         out = {"config": {k: v for k, v in vars(cfg).items() if k not in ("progress", "layouts")}, "transfer_s": facts["transfer_s"],
-               "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
+               "layouts": facts["layouts"], "chunks": facts.get("chunks"), "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
                "atol": atol if cfg.check else None, "memory_method": facts.get("memory_method"),
                "why": why_line(rows, facts), "memory": _memory_json(rows, memory_plan, cfg.tp * cfg.cp)}
         print(json.dumps(out, indent=2, default=str), flush=True)
