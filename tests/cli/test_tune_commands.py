@@ -8,6 +8,7 @@ VPP-Async x CP row also runs as printed (scaled) under torchrun (tests/cli/test_
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
@@ -172,3 +173,17 @@ def test_every_distinct_deployment_scaled_down_runs_and_matches_the_reference(ru
             "loop" if s in ("cpp", "dcpp") else run["layout"] or "v"), printed["layouts"][s]
     if "--taper-head" in run["line"]:  # the ramps really cut the prompt
         assert printed["chunks"]["vpp-async"] == [64, 64, 128, 64, 64, 64, 64]
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["--layout", "interleaved"], r"cpp runs a loop layout, not 'interleaved' \(the interleaved layout takes the V"),
+    (["--schedule", "dcpp", "--taper-head", "0.5,0.5"], r"dcpp takes its chunk sizes from its planner"),
+    (["--schedule", "vpp", "--taper-tail", "0.5", "--chunk-size", "32"], r"pieces of at least 64 tokens"),
+    (["--cp", "2", "--pp", "1", "--taper-head", "0.5"], r"--taper-head cannot be combined with --cp 2 --pp 1"),
+])
+def test_layouts_and_tapers_no_schedule_runs_are_one_line_errors(capsys, argv, pattern):
+    from vpp import cli
+    assert cli.main(["prefill", "--model", "tiny-qwen", "--seq-len", "256", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vpp prefill: error: "), err
+    assert re.search(pattern, err[0]), err[0]
