@@ -41,9 +41,12 @@ def run_case(pipe, first: bool, prompts, refs, schedule: str, chunking, steps=No
     return errors
 
 
-def run_schedules_world(rank, world_size, paths: dict, prompts: dict, refs: dict, cases: list) -> dict:
+def run_schedules_world(rank, world_size, paths: dict, prompts: dict, refs: dict, cases: list,
+                        permuted_case: tuple | None = None) -> dict:
     """``cases``: (name, model type, layout kind, partition or None, schedule, chunking) where chunking
-    is an int (fixed chunks) or "shared" (the shared token-budget steps of :data:`LENGTHS`)."""
+    is an int (fixed chunks) or "shared" (the shared token-budget steps of :data:`LENGTHS`);
+    ``permuted_case``: (model type, layout kind) also run on a deliberately permuted CP mapping
+    (``refs[model type][3]``: transformers' logits at the 32nd token)."""
     torch.manual_seed(0)
     groups = initialize_model_parallel(1, world_size // 2, context_parallel_size=2)
     res, pipes = {}, {}
@@ -56,8 +59,18 @@ def run_schedules_world(rank, world_size, paths: dict, prompts: dict, refs: dict
         if chunking == "shared":
             requests, steps = shared_budget_stream(LENGTHS, BUDGET)
             chunking = [list(q.chunk_sizes) for q in requests]
-        res[name] = run_case(pipe, first, prompts[model_type], refs[model_type], schedule, chunking, steps)
+        res[name] = run_case(pipe, first, prompts[model_type], refs[model_type][:3], schedule, chunking, steps)
         if name == "shared-cpp":
             res["steps"] = steps
     res["pp_rank"] = groups.pp.rank
+    if permuted_case is not None:  # each CP rank's rows sent to another CP rank of the next stage
+        from tests.models.cp_pp_checks import permuted
+        model_type, kind = permuted_case
+        wrong = permuted(groups)
+        pipe, first = _pipeline(paths[model_type], kind, wrong, None)
+        # 32 tokens in chunks of 8: every CP rank holds 4 rows of each chunk, so the misrouted rows fit
+        # the receivers' buffers and only the logits can tell
+        res["permuted"] = run_case(pipe, first, [prompts[model_type][0][:32]], [refs[model_type][3]], "cpp"
+                                   if kind == "loop" else "vpp-async", 8)
+        res["permuted_ranks"] = wrong.pp.ranks
     return res

@@ -3,8 +3,10 @@ tests/models/test_cp_pipeline_parity.py): at CP2 x PP2 (the session's world of 4
 over three requests (GQA and MLA), steps shared by the three requests under one token budget (CPP and
 VPP-Async; pieces as short as 2 tokens, fewer than the 2 x cp pieces a chunk is cut into), and uneven
 partitions (a loop [1, 5], a V [1, 3, 1, 1]); at CP2 x PP3 (the world of 6 ranks) CPP, VPP-Async and
-VPP-packed. Each request's last-token logits are checked on both CP ranks of the pipeline rank that
-holds the last stage (the one holding the last token broadcasts them); every other rank returns none.
+VPP-packed; there a deliberately permuted mapping (each CP rank's rows sent to the other CP rank of
+the next stage) moves the logits far past the tolerance. Each request's last-token logits are checked
+on both CP ranks of the pipeline rank that holds the last stage (the one holding the last token
+broadcasts them); every other rank returns none.
 """
 
 from __future__ import annotations
@@ -46,16 +48,17 @@ def models(tmp_path_factory):
         m = model(t, num_hidden_layers=LAYERS)
         m.save_pretrained(root / t)
         with torch.no_grad():
-            refs = [m(p[None]).logits[0, -1] for p in prompts]
+            logits = m(a[None]).logits[0]
+            refs = [logits[-1], m(b[None]).logits[0, -1], logits[LENGTHS[2] - 1], logits[31]]
         out[t] = (str(root / t), prompts, refs)
     return out
 
 
-def _world(worlds, models, size, cases):
+def _world(worlds, models, size, cases, permuted_case=None):
     from tests.models.cp_pp_schedules import run_schedules_world
     paths = {t: v[0] for t, v in models.items()}
     return worlds.run(size, run_schedules_world, paths, {t: v[1] for t, v in models.items()},
-                      {t: v[2] for t, v in models.items()}, cases, timeout=600)
+                      {t: v[2] for t, v in models.items()}, cases, permuted_case, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +68,7 @@ def pp2(worlds, models):
 
 @pytest.fixture(scope="module")
 def pp3(worlds, models):
-    return _world(worlds, models, 6, PP3)
+    return _world(worlds, models, 6, PP3, permuted_case=("qwen3_moe", "loop"))
 
 
 def _check(results, name, kind, pp):
@@ -92,3 +95,11 @@ def test_cp2_pp2_matches_transformers(case, pp2):
 def test_cp2_pp3_matches_transformers(case, pp3):
     assert sorted(r["pp_rank"] for r in pp3) == [0, 0, 1, 1, 2, 2]
     _check(pp3, case[0], case[2], 3)
+
+
+def test_cp2_pp3_rows_sent_to_the_wrong_cp_rank_are_caught(pp3):
+    """CPP on a deliberately permuted mapping (pipeline rank j of pipeline c on CP rank (c + j) mod 2:
+    every hop lands on the other CP rank) ends with logits far off: the checks above would see it."""
+    assert [r["permuted_ranks"] for r in pp3] == [(0, 3, 4), (1, 2, 5), (1, 2, 5), (0, 3, 4), (0, 3, 4), (1, 2, 5)]
+    errors = [r["permuted"] for r in pp3 if r["pp_rank"] == 2]
+    assert len(errors) == 2 and all(e[0] > 100 * REL for e in errors), errors
