@@ -1,7 +1,7 @@
 """``vpp prefill --cp N`` and ``vpp generate --cp N``: impossible combinations refused in one line before
 any rank starts; a CP2 prefill matches the unsplit forward and keeps half the tokens per rank; greedy
-tokens after a CP2 prefill equal those of one rank; CP2 x PP2 under torchrun (4 ranks) matches the
-unpipelined forward, with each rank's memory plan (its stages' weights, its CP share of the KV cache)
+tokens after a CP2 prefill equal those of one rank; the tuner's top CP x PP row, as printed and scaled to
+CP2 x PP2, under torchrun (4 ranks) matches the unpipelined forward, with each rank's memory plan (its stages' weights, its CP share of the KV cache)
 equal to what it measured."""
 
 from __future__ import annotations
@@ -70,18 +70,38 @@ def test_generate_cp2_greedy_equals_one_rank(capsys):
     assert cp["generated_ids"] == one["generated_ids"] and cp["cp"] == 2
 
 
+def _top_cp_pp_row() -> str:
+    """The command ``vpp tune`` prints under its best VPP-Async x CP row (its defaults: deepseek-v3.1 on
+    the 910C, tp 8 x pp 2, 524288 tokens): the fastest CP x PP candidate that fits, as tune ranks them."""
+    from vpp.cli.tune import command
+    from vpp.perf.deployment_search import cp_candidates, evaluate
+    from vpp.perf.hardware import get_device
+    from vpp.perf.runs import paper_setup
+    setup = paper_setup("deepseek-v3.1", get_device("910c"), tp=8, pp=2)
+    rows = [evaluate(setup, c, 524288) for c in cp_candidates(setup) if c.pp > 1]
+    return command(min((r for r in rows if r.fits), key=lambda r: r.ttft).candidate, setup, 524288)
+
+
 @pytest.mark.slow
-def test_prefill_cp2_pp2_vpp_async_under_torchrun_checks_and_plans_every_rank():
+def test_the_tuners_top_cp_pp_row_runs_under_torchrun_and_checks_and_plans_every_rank():
+    """The printed command as it is, its sizes scaled down (tiny-qwen, cp 2 x tp 1 x pp 2 = 4 ranks, 96
+    tokens in chunks of 32)."""
+    import shlex
     root = Path(__file__).resolve().parents[2]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m", "vpp",
-           "prefill", "--model", "tiny-qwen", "--cp", "2", "--pp", "2", "--schedule", "vpp-async", "--seq-len", "96",
-           "--chunk-size", "32", "--check", "--json", "--repeat", "1", "--no-warmup", "--no-progress"]
+    words = shlex.split(_top_cp_pp_row())
+    assert words[:2] == ["torchrun", "--nproc-per-node"] and "--cp" in words and "--pp" in words, words
+    scaled = {"--nproc-per-node": 4, "--model": "tiny-qwen", "--cp": 2, "--tp": 1, "--pp": 2, "--seq-len": 96,
+              "--chunk-size": 32}
+    words = [str(scaled.get(words[i - 1], w)) if i else w for i, w in enumerate(words)]
+    schedule = words[words.index("--schedule") + 1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *words[1:],
+           "--check", "--json", "--repeat", "1", "--no-warmup", "--no-progress"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
-    assert out["config"]["cp"] == 2 and out["check"]["vpp-async"] <= 1e-3
-    ranks = out["memory"]["vpp-async"]
+    assert out["config"]["cp"] == 2 and out["check"][schedule] <= 1e-3
+    ranks = out["memory"][schedule]
     assert [(m["rank"], m["pp_rank"]) for m in ranks] == [(0, 0), (1, 0), (2, 1), (3, 1)]  # tp-cp-pp order
     for m in ranks:
         assert m["plan"]["weights"] == m["measured_weights_bytes"]

@@ -50,6 +50,17 @@ def fraction(text: str) -> float:
     return value
 
 
+def fraction_list(text: str) -> tuple[float, ...]:
+    """Comma-separated fractions in (0, 1] (a taper's ramp, in budgets: "0.25,0.75")."""
+    try:
+        values = tuple(fraction(t.strip()) for t in text.split(",") if t.strip())
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"must be comma-separated fractions in (0, 1] ({exc})") from None
+    if not values or 0 in values:
+        raise argparse.ArgumentTypeError(f"must be comma-separated fractions in (0, 1], got {text!r}")
+    return values
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """Comma-separated positive integers."""
     try:
@@ -146,7 +157,7 @@ def check_chunk_count(lengths, chunk_size: int, option: str = "--chunk-size", *,
 
 
 __all__ = [
-    "MAX_SIM_COMPUTES", "UsageError", "check_chunk_count", "check_workload_options", "fraction", "int_list", "nonnegative_float",
+    "MAX_SIM_COMPUTES", "UsageError", "check_chunk_count", "check_workload_options", "fraction", "fraction_list", "int_list", "nonnegative_float",
     "nonnegative_int", "positive_float", "positive_int", "writable_dir", "writable_file",
     "writable_files_in",
 ]

@@ -9,7 +9,8 @@ from vpp.cli.args import UsageError
 
 
 def open_checked(spec: str, *, tp: int, pp: int, schedules, folds: int = 1, ep: int = 1,
-                 chunk: int | None = None, seq_len: int | None = None, partition: str = "even"):
+                 chunk: int | None = None, seq_len: int | None = None, partition: str = "even",
+                 kind: str | None = None):
     """The :class:`~vpp.models.registry.ModelSource` of ``spec`` and each schedule's layout (chosen here,
     once per run, by :func:`vpp.models.run_layout.layout_for`), once every layout is known to build on a
     (tp, pp, ep) grid; a :class:`UsageError` naming the problem otherwise."""
@@ -33,11 +34,13 @@ def open_checked(spec: str, *, tp: int, pp: int, schedules, folds: int = 1, ep: 
     layouts = {}
     for schedule in schedules:
         try:
-            layouts[schedule] = layout_for(model, schedule, pp, folds, chunk=chunk, seq_len=seq_len, partition=partition)
+            layouts[schedule] = layout_for(model, schedule, pp, folds, chunk=chunk, seq_len=seq_len, partition=partition,
+                                           kind=kind)
             model.check(layouts[schedule], sizes)
         except ValueError as exc:
             raise UsageError(f"{schedule} with --tp {tp} --pp {pp}"
-                             + (f" --folds {folds}" if folds > 1 else "") + f" on {spec}: {exc}") from None
+                             + (f" --folds {folds}" if folds > 1 else "") + (f" --layout {kind}" if kind else "")
+                             + f" on {spec}: {exc}") from None
     return model, layouts
 
 

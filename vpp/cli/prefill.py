@@ -21,8 +21,8 @@ import math
 import statistics
 import sys
 
-from vpp.cli.args import (UsageError, nonnegative_float, nonnegative_int, positive_float, positive_int,
-                          writable_file, writable_files_in)
+from vpp.cli.args import (UsageError, fraction_list, nonnegative_float, nonnegative_int, positive_float,
+                          positive_int, writable_file, writable_files_in)
 from vpp.cli.checks import check_devices, open_checked
 from vpp.cli.memory_check import check_memory, check_positions
 from vpp.cli.terminal import progress_bar, setup_logging
@@ -85,6 +85,14 @@ def add_arguments(p) -> None:
                    help="--schedule dcpp: floor on a chunk (default: the mode's, e.g. vLLM-Ascend 4096 clamped "
                         "to the budget, which leaves no room to shrink below a 4096-token budget)")
     p.add_argument("--folds", type=positive_int, default=1, help="folds of the V (2*folds stages per rank)")
+    p.add_argument("--layout", default=None, choices=("v", "interleaved"),
+                   help="the V schedules' layout (vpp, vpp-async, vpp-packed): the fold-back V (default) or "
+                        "Megatron's interleaved one (stage i on rank i mod pp, 2 x folds stages per rank)")
+    p.add_argument("--taper-head", type=fraction_list, default=(), metavar="FRACTIONS",
+                   help="first chunks as fractions of --chunk-size (e.g. 0.25,0.75; rounded to 64 tokens), "
+                        "then full chunks (vpp.perf.taper, the tuner's tapered rows)")
+    p.add_argument("--taper-tail", type=fraction_list, default=(), metavar="FRACTIONS",
+                   help="last chunks as fractions of --chunk-size (e.g. 0.5,0.25,0.25)")
     p.add_argument("--partition", default="rank", choices=("rank", "even"),
                    help="layers per stage: balanced per rank on the cost model (among ties, the fastest for the "
                         "schedule over the whole prompt, simulated), or even")
@@ -146,10 +154,13 @@ def check(args) -> None:
     if args.cp > 1:
         from vpp.cli.cp_runs import check_cp
         check_cp(args, prompt_tokens=args.seq_len, given_options={})
+    if args.taper_head or args.taper_tail:
+        _check_taper(args)
     if args.cp > 1 and args.pp == 1:  # one CP group of tp x cp ranks: no pipeline schedule to compare
         pipeline_only = {o: "it shapes a pipeline: give --pp 2 or more" for o, v in (("--folds", args.folds != 1),
                          ("--schedule", args.schedule != "cpp,vpp,vpp-async"), ("--trace", args.trace),
-                         ("--save-logits", args.save_logits)) if v}
+                         ("--save-logits", args.save_logits), ("--layout", args.layout),
+                         ("--taper-head", args.taper_head), ("--taper-tail", args.taper_tail)) if v}
         for option, why in pipeline_only.items():
             raise UsageError(f"{option} cannot be combined with --cp {args.cp} --pp 1 ({why})")
         _, cp_layouts = open_checked(args.model, tp=args.tp, pp=1, schedules=["cpp"], chunk=args.chunk_size,
@@ -160,7 +171,8 @@ def check(args) -> None:
         _resolve_timeout(args, model, runs=args.repeat)
         return
     _, args.layouts = open_checked(args.model, tp=args.tp, pp=args.pp, schedules=args.schedules, folds=args.folds,
-                                   chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition)
+                                   chunk=args.chunk_size, seq_len=args.seq_len, partition=args.partition,
+                                   kind=args.layout)
     args.memory_plan = check_memory(model, args.layouts, tp=args.tp, tokens=args.seq_len, chunk=args.chunk_size,
                                     device=args.device, cp=args.cp)
     if args.save_logits:
@@ -169,6 +181,18 @@ def check(args) -> None:
         writable_files_in(args.trace, [s + suffix for s in args.schedules for suffix in TRACE_FILES], "--trace")
     check_devices(args.device, args.tp * args.cp * args.pp)
     _resolve_timeout(args, model, runs=len(args.schedules) * args.repeat)
+
+
+def _check_taper(args) -> None:
+    """Tapered chunks: fixed-chunk schedules only, ramps of whole 64-token pieces within the budget."""
+    from vpp.perf.taper import ALIGN
+    dcpp = [s for s in args.schedules if strategies.get(s).chunking != "fixed"]
+    if dcpp:
+        raise UsageError(f"--taper-head/--taper-tail cut fixed chunks; {', '.join(dcpp)} takes its chunk sizes from "
+                         f"its planner")
+    if args.chunk_size < ALIGN:
+        raise UsageError(f"--taper-head/--taper-tail cut --chunk-size {args.chunk_size} into pieces of at least "
+                         f"{ALIGN} tokens: give --chunk-size {ALIGN} or more")
 
 
 def _resolve_timeout(args, model, *, runs: int) -> None:
@@ -187,7 +211,7 @@ def _config(args):
                        trace_dir=args.trace, save_logits=args.save_logits, prompt=args.prompt,
                        progress=None if args.no_progress else progress_bar, cached_prefix=args.cached_prefix,
                        dcpp_mode=args.dcpp_mode, dcpp_min_chunk=args.dcpp_min_chunk, layouts=args.layouts,
-                       cp=args.cp, cp_attention=args.cp_attention)
+                       cp=args.cp, cp_attention=args.cp_attention, taper=(args.taper_head, args.taper_tail))
 
 
 def _worker(rank: int, world: int, cfg):
@@ -201,35 +225,44 @@ def _worker(rank: int, world: int, cfg):
     return rows, facts
 
 
-def run(args) -> int:
+def rank_job(args):
+    """What every rank of a checked run does: ``(fn, ranks, job)``, each rank calling ``fn(rank, ranks,
+    job)``; :func:`finish` reports global rank 0's answer. One CP group (``--cp`` > 1, ``--pp 1``) runs
+    :func:`vpp.cli.cp_runs.cp_worker`, a pipeline the schedules (:func:`vpp.cli.prefill_rounds.run_bench`)."""
     if args.cp > 1 and args.pp == 1:
-        return _run_cp(args)
+        from vpp.cli.cp_runs import CPJob, cp_worker
+        job = CPJob(args.model, args.tp, args.cp, args.chunk_size, args.prompt, args.seq_len, args.cp_attention,
+                    args.run_dtype, args.seed, repeat=args.repeat, warmup=not args.no_warmup,
+                    cached_prefix=args.cached_prefix, check=args.check, moe_dispatch=args.moe_dispatch)
+        return cp_worker, job.tp * job.cp, job
     cfg = _config(args)
+    return _worker, cfg.tp * cfg.cp * cfg.pp, cfg
+
+
+def run(args) -> int:
     from vpp.parallel import launch
+    fn, ranks, job = rank_job(args)
     device = None if args.device == "auto" else args.device
-    out = launch(_worker, cfg.tp * cfg.cp * cfg.pp, cfg, timeout=cfg.timeout_s * 2, threads=args.threads,
-                 pg_timeout_s=cfg.timeout_s, device=device, same=args._given)[0]
+    out = launch(fn, ranks, job, timeout=args.timeout * 2, threads=args.threads, pg_timeout_s=args.timeout,
+                 device=device, same=args._given)[0]
     if out is None:  # under torchrun, every rank but global rank 0
         return 0
+    return finish(args, job, out)
+
+
+def finish(args, job, out) -> int:
+    """Print global rank 0's answer ``out`` to :func:`rank_job`'s ``job``; the exit status (1: --check failed)."""
+    if args.cp > 1 and args.pp == 1:
+        from vpp.cli.cp_runs import report_prefill
+        atol = args.atol if args.atol is not None else check_tolerance(job.dtype, out.get("reference_max_abs", 0.0))
+        plan = (getattr(args, "memory_plan", None) or {}).get("cp")
+        out["memory_plan"] = plan[0].to_dict() if plan else None  # every rank alike: its share of the KV cache
+        return report_prefill(out, job, as_json=args.json, atol=atol)
     rows, facts = out
     atol = args.atol
     if atol is None:
-        atol = check_tolerance(cfg.dtype, facts["check"]["reference_max_abs"] if cfg.check else 0.0)
-    return report(rows, facts, cfg, as_json=args.json, atol=atol, memory_plan=getattr(args, "memory_plan", None))
-
-
-def _run_cp(args) -> int:
-    from vpp.cli.cp_runs import CPJob, launch_job, report_prefill
-    job = CPJob(args.model, args.tp, args.cp, args.chunk_size, args.prompt, args.seq_len, args.cp_attention,
-                args.run_dtype, args.seed, repeat=args.repeat, warmup=not args.no_warmup,
-                cached_prefix=args.cached_prefix, check=args.check, moe_dispatch=args.moe_dispatch)
-    out = launch_job(job, args)
-    if out is None:  # under torchrun, every rank but global rank 0
-        return 0
-    atol = args.atol if args.atol is not None else check_tolerance(job.dtype, out.get("reference_max_abs", 0.0))
-    plan = (getattr(args, "memory_plan", None) or {}).get("cp")
-    out["memory_plan"] = plan[0].to_dict() if plan else None  # every rank alike: its share of the KV cache
-    return report_prefill(out, job, as_json=args.json, atol=atol)
+        atol = check_tolerance(job.dtype, facts["check"]["reference_max_abs"] if job.check else 0.0)
+    return report(rows, facts, job, as_json=args.json, atol=atol, memory_plan=getattr(args, "memory_plan", None))
 
 
 def _fmt(stats, scale=1.0, digits=3) -> str:
@@ -246,7 +279,7 @@ def report(rows, facts, cfg, *, as_json: bool, atol: float, memory_plan: dict | 
         failed = [r.schedule for r in rows if r.max_abs_diff is None or not r.max_abs_diff <= atol]
     if as_json:
         out = {"config": {k: v for k, v in vars(cfg).items() if k not in ("progress", "layouts")}, "transfer_s": facts["transfer_s"],
-               "layouts": facts["layouts"], "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
+               "layouts": facts["layouts"], "chunks": facts.get("chunks"), "rows": [_row_dict(r) for r in rows], "check": facts.get("check"),
                "atol": atol if cfg.check else None, "memory_method": facts.get("memory_method"),
                "why": why_line(rows, facts), "memory": _memory_json(rows, memory_plan, cfg.tp * cfg.cp)}
         print(json.dumps(out, indent=2, default=str), flush=True)
@@ -382,5 +415,5 @@ def _mib(m: dict) -> str:
 
 __all__ = [
     "CHECK_RTOL", "DEFAULT_CHUNK", "DEFAULT_ROUNDS", "DEFAULT_SEQ_LEN", "TRACE_FILES", "add_arguments",
-    "check", "check_tolerance", "report", "run", "why_line",
+    "check", "check_tolerance", "finish", "rank_job", "report", "run", "why_line",
 ]

@@ -35,6 +35,7 @@ from vpp.runtime.layout_inference import check_agrees
 
 from vpp.models.run_layout import layout_for
 from vpp.perf.memory_plan import planned_chunk
+from vpp.perf.taper import tapered_chunking
 from vpp.cli.terminal import RankProgress
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class BenchConfig:
     layouts: dict | None = None
     cp: int = 1                      # context-parallel ranks per stage (each chunk's tokens split over them)
     cp_attention: str = "auto"       # vpp.models.cp_state.CP_METHODS
+    taper: tuple = ((), ())          # (head, tail) fractions of chunk_size: tapered fixed chunks (vpp.perf.taper)
 
 
 @dataclass
@@ -179,9 +181,10 @@ def run_bench(groups: ParallelGroups, cfg: BenchConfig) -> tuple[list[MeasuredPr
                  f"{cfg.chunk_size}; " + "; ".join(f"{s}: {layouts[s].describe()}" for s in cfg.schedules))
     # DCPP's planner is profiled once on the real stages of its mode's profiled rank (start-up profiling)
     chunk = planned_chunk(cfg.chunk_size, cfg.seq_len)  # every chunk-sized buffer as the memory plan sized it
+    fixed = tapered_chunking(cfg.chunk_size, *cfg.taper) if any(cfg.taper) else cfg.chunk_size
     chunking = {s: profile_planner(stages[s], groups, chunk, variant=cfg.dcpp_mode,
                                    min_chunk=cfg.dcpp_min_chunk).chunk_sizes
-                if strategies.get(s).chunking == "dcpp" else cfg.chunk_size for s in cfg.schedules}
+                if strategies.get(s).chunking == "dcpp" else fixed for s in cfg.schedules}
     hidden = stages[cfg.schedules[0]][0].hidden_size
     transfer_s = measure_transfer(groups, -(-chunk // cfg.cp), hidden, dtype)  # a CP rank sends its share
     rows = {s: MeasuredPrefill(s) for s in cfg.schedules}

@@ -53,30 +53,33 @@ def check(args) -> None:
                       limit=TUNE_MAX_COMPUTES, whose="tune's limit per simulation (it simulates ~100 configurations)")
 
 
-SCHEDULES = {("loop", "blocking", "fixed"): "cpp", ("loop", "blocking", "dcpp"): "dcpp",
-             ("v", "blocking", "fixed"): "vpp", ("v", "async", "fixed"): "vpp-async"}  # (kind, comm, chunking)
+def schedule_of(cand) -> str:
+    """The ``vpp prefill`` schedule of a tuner row: the loop runs CPP (DCPP with DCPP's chunks); the V and
+    the interleaved layout run VPP, or VPP-Async with asynchronous transfers."""
+    if cand.kind == "loop":
+        return "dcpp" if cand.chunking == "dcpp" else "cpp"
+    return "vpp-async" if cand.comm == "async" else "vpp"
 
 
-def deployment(cand, setup) -> dict | None:
-    """The runtime's (cp, tp, pp, schedule, folds, partition) of a tuner row, or None when no ``vpp
-    prefill`` schedule runs it (an interleaved layout; tapered chunk sizes, which only the API takes:
-    ``forward_prefill(chunk_size=[sizes])``)."""
-    schedule = SCHEDULES.get((cand.kind, cand.comm, cand.chunking))
-    if schedule is None:
-        return None
+def deployment(cand, setup) -> dict:
+    """The runtime's (cp, tp, pp, schedule, folds, layout, partition, chunk, taper) of a tuner row:
+    ``layout`` "interleaved" for Megatron's layout (None: the schedule's own), ``taper`` the (head, tail)
+    ramps of a tapered chunking (empty for fixed chunks)."""
     pp = cand.pp or setup.pp
-    return dict(cp=cand.cp, tp=setup.devices // (pp * cand.cp), pp=pp, schedule=schedule,
-                folds=cand.folds if cand.kind == "v" else 1, partition="even" if cand.partition == "even" else "rank",
-                chunk=cand.chunk)
+    return dict(cp=cand.cp, tp=setup.devices // (pp * cand.cp), pp=pp, schedule=schedule_of(cand),
+                folds=cand.folds if cand.kind != "loop" else 1,
+                layout="interleaved" if cand.kind == "interleaved" else None,
+                partition="even" if cand.partition == "even" else "rank", chunk=cand.chunk,
+                taper=(cand.head, cand.tail))
+
+
+def _fractions(values) -> str:
+    return ",".join(f"{v:g}" for v in values)
 
 
 def command(cand, setup, length: int, model: str = "CHECKPOINT") -> str:
-    """The command that runs a tuner row's deployment (one line), or why none does."""
+    """The command that runs a tuner row's deployment (one line)."""
     d = deployment(cand, setup)
-    if d is None:
-        what = "tapered chunk sizes (the API's forward_prefill(chunk_size=[...]))" if cand.chunking.startswith(
-            "taper") else f"a {cand.kind} layout"
-        return f"(no vpp prefill schedule runs {what})"
     ranks = d["cp"] * d["tp"] * d["pp"]
     out = f"torchrun --nproc-per-node {ranks} -m vpp prefill --model {model}"
     if d["cp"] > 1:
@@ -84,7 +87,11 @@ def command(cand, setup, length: int, model: str = "CHECKPOINT") -> str:
     out += f" --tp {d['tp']} --pp {d['pp']}"
     if d["pp"] > 1:  # one stage (CP alone): no schedule, folds or partition to choose
         out += f" --schedule {d['schedule']}" + (f" --folds {d['folds']}" if d["folds"] > 1 else "")
+        out += f" --layout {d['layout']}" if d["layout"] else ""
         out += f" --partition {d['partition']}"
+    head, tail = d["taper"]
+    out += f" --taper-head {_fractions(head)}" if head else ""
+    out += f" --taper-tail {_fractions(tail)}" if tail else ""
     return out + f" --seq-len {length} --chunk-size {d['chunk']}"
 
 
@@ -118,4 +125,4 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["SCHEDULES", "TUNE_MAX_COMPUTES", "add_arguments", "check", "command", "deployment", "run"]
+__all__ = ["TUNE_MAX_COMPUTES", "add_arguments", "check", "command", "deployment", "run", "schedule_of"]

@@ -41,12 +41,13 @@ def layer_costs(config: dict, *, chunk: int, seq_len: int, device: Device | None
 
 
 def layout_for(model: ModelSource, schedule: str, pp: int, folds: int = 1, *, chunk: int | None = None,
-               seq_len: int | None = None, partition: str = "even"):
-    """The layout ``schedule`` runs ``model`` on: its strategy's kind (:mod:`vpp.schedules.strategies`),
-    stages as even as the model's allowed stage starts permit (:meth:`ModelSource.layout`), or
+               seq_len: int | None = None, partition: str = "even", kind: str | None = None):
+    """The layout ``schedule`` runs ``model`` on: its strategy's kind (:mod:`vpp.schedules.strategies`;
+    ``kind="interleaved"`` puts a V strategy on Megatron's interleaved layout instead, stage i on rank
+    i mod pp), stages as even as the model's allowed stage starts permit (:meth:`ModelSource.layout`), or
     (``partition="rank"``, given the chunk and prompt sizes) balanced per rank on the cost model and,
     among ties, the fastest for ``schedule`` on the whole prompt (:func:`choose_partition`)."""
-    kind = strategies.get(schedule).layout
+    kind = layout_kind(schedule, kind)
     if partition == "even" or chunk is None or seq_len is None:
         return model.layout(kind, pp, folds)
     folds = 1 if kind == "loop" else folds
@@ -81,6 +82,18 @@ def choose_partition(model: ModelSource, kind: str, pp: int, folds: int = 1, *, 
                                   embed_time=time_of.embed, head_time=time_of.head))
 
 
+def layout_kind(schedule: str, kind: str | None = None) -> str:
+    """The layout kind ``schedule`` runs on: its strategy's, or ``kind`` where the strategy's builder
+    takes it (a V strategy also runs the interleaved layout: :meth:`vpp.schedules.strategies.Strategy.plan`)."""
+    own = strategies.get(schedule).layout
+    if kind is None or kind == own:
+        return own
+    if own == "v" and kind == "interleaved":
+        return kind
+    raise ValueError(f"{schedule} runs a {own} layout, not {kind!r}" + (
+        " (the interleaved layout takes the V schedules: vpp, vpp-async, vpp-packed)" if kind == "interleaved" else ""))
+
+
 class ChunkTime:
     """The cost model's seconds for one chunk of ``tokens`` tokens after ``prefix`` cached ones: per
     layer, for the embedding and for the final norm and LM head (what :func:`layer_costs` samples at
@@ -102,4 +115,4 @@ class ChunkTime:
         return sum(self.device.op_time(op) for op in head_ops(self.arch, tokens, self.par))
 
 
-__all__ = ["ChunkTime", "PARTITIONS", "choose_partition", "layer_costs", "layout_for"]
+__all__ = ["ChunkTime", "PARTITIONS", "choose_partition", "layer_costs", "layout_for", "layout_kind"]

@@ -47,6 +47,8 @@ class Candidate:
     sizes: tuple = field(default=(), compare=False)
     cp: int = 1                      # context-parallel ranks per stage
     pp: int | None = None            # pipeline ranks (None: the setup's)
+    head: tuple = field(default=(), compare=False)  # a tapered chunking's ramps, in budgets (.taper)
+    tail: tuple = field(default=(), compare=False)
 
     def describe(self) -> str:
         lay = "loop" if self.kind == "loop" else f"{self.kind} f={self.folds}"
@@ -169,7 +171,8 @@ def tune(setup: Setup, length: int, *, chunks=PAPER_CHUNKS, max_folds: int = 2, 
         seen.add((c.kind, c.folds, c.partition, c.comm, c.chunk))
         sizes, head, tail, ttft = best_taper(lambda s: evaluate(setup, c, length, s).ttft, length, c.chunk)
         if head or tail:
-            tc = Candidate(c.kind, c.folds, c.partition, c.chunk, c.comm, f"taper head={head} tail={tail}", tuple(sizes))
+            tc = Candidate(c.kind, c.folds, c.partition, c.chunk, c.comm, f"taper head={head} tail={tail}", tuple(sizes),
+                           head=tuple(head), tail=tuple(tail))
             results.append(evaluate(setup, tc, length, sizes))
     results.sort(key=lambda r: r.ttft)
     return results

@@ -34,6 +34,16 @@ def tapered_sizes(length: int, budget: int, head: Sequence[float] = (), tail: Se
     return h + [budget] * full + ([rest] if rest else []) + t
 
 
+def tapered_chunking(budget: int, head: Sequence[float] = (), tail: Sequence[float] = ()):
+    """A chunking function (the runtime's ``chunk_size``: prompt tokens -> chunk sizes) cutting every
+    prompt as :func:`tapered_sizes` does; after ``cached`` tokens the rest is cut the same way."""
+    head, tail = tuple(head), tuple(tail)
+
+    def tapered(n: int, cached: int = 0) -> list[int]:
+        return tapered_sizes(n, budget, head, tail)
+    return tapered
+
+
 def best_taper(evaluate: Callable[[list[int]], float], length: int, budget: int, *,
                heads=HEADS, tails=TAILS) -> tuple[list[int], tuple, tuple, float]:
     """The (sizes, head, tail, score) with the lowest ``evaluate(sizes)`` over the ramp family."""
@@ -52,4 +62,4 @@ def best_taper(evaluate: Callable[[list[int]], float], length: int, budget: int,
     return best
 
 
-__all__ = ["ALIGN", "HEADS", "TAILS", "best_taper", "tapered_sizes"]
+__all__ = ["ALIGN", "HEADS", "TAILS", "best_taper", "tapered_chunking", "tapered_sizes"]
