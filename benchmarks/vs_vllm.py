@@ -305,6 +305,18 @@ def _stage_ids(model, sched: str, world: int, rank: int) -> list[int]:
     return list(layout_for(model, sched, world).stages_of(rank))
 
 
+def _killed_by(who: str) -> str:
+    """What the kernel log says about a dead vLLM worker, where it can be read (the OOM killer)."""
+    if not who.startswith("vllm"):
+        return ""
+    try:
+        log = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    killed = [line for line in log if "Out of memory: Killed process" in line and "VLLM" in line]
+    return f" (kernel: {killed[-1].split('] ', 1)[-1]})" if killed else ""
+
+
 def save_model(name: str, directory: str) -> str:
     from vpp.models import model_config, random_checkpoint, save_checkpoint
     cfg = model_config(dict(MODELS[name]))
@@ -433,8 +445,14 @@ def main(argv=None) -> int:
                     runners = {"vllm-pp1": lambda: engines[1].run(ids), "vllm-pp2": lambda: engines[2].run(ids),
                                "vpp-pp1": lambda: vpp("pp1", ids), "vpp-pp2-cpp": lambda: vpp("cpp", ids),
                                "vpp-pp2-vpp-async": lambda: vpp("vpp-async", ids)}
-                    for who in who_runs:  # one untimed warm-up each, at this length
-                        runners[who]()
+                    for who in list(who_runs):  # one untimed warm-up each, at this length
+                        try:
+                            runners[who]()
+                        except RuntimeError as exc:  # an engine that dies (out of memory) leaves the window
+                            failed[f"{name}/{who}"] = f"died at {length} tokens: {exc}{_killed_by(who)}"
+                            print(f"{name}: {who} died at {length} tokens: {exc}", flush=True)
+                            who_runs.remove(who)
+                            engines.pop(int(who[-1])).close()
                     busy = busy_loops(args.busy)
                     for r in range(args.rounds):
                         for who in who_runs:
