@@ -145,7 +145,14 @@ def _world(rank, world, cases, prompt, directories):
         tp1 = Pipeline(model.stages(model.layout("loop", 1), single), single, timeout_s=120)
         files.load_cache(tp1, 8, directories[name], reserve=NEW)
         out[(name, "load tp1 rows")] = _rows_error(tp1, 8, expected)
+        unsharded = directories[name] + "-tp1"  # vpp-kv/1, one shard: the CP2 reader splits it head-tail
+        if rank == link_cp.decode_ranks[0]:
+            files.save_cache(tp1, 8, unsharded, extra=dict(generated=first_tokens))
         out[(name, "load tp1 tokens")] = _decode(tp1, 8, first_tokens, Sampler())
+        torch.distributed.barrier(group=link_cp.groups.instance_pg)
+        files.load_cache(cp_pipe, 9, unsharded, reserve=NEW)
+        out[(name, "load cp2 from tp1 rows")] = _rows_error(cp_pipe, 9, expected)
+        out[(name, "load cp2 from tp1 tokens")] = _decode(cp_pipe, 9, first_tokens, Sampler())
         out.update({(name, k): v for k, v in _broken_loads(tp1, cp_pipe, expected, directories[name]).items()})
     return out
 
@@ -207,10 +214,11 @@ def test_cp2_pp2_prefill_cp2_decode_equals_transformers_generate(model_type, res
 
 @pytest.mark.slow  # one case on the session's world of 6 ranks
 @pytest.mark.parametrize("model_type", FAMILIES)
-@pytest.mark.parametrize("reader", ["tp2", "cp2", "tp1"])
+@pytest.mark.parametrize("reader", ["tp2", "cp2", "tp1", "cp2 from tp1"])
 def test_cp_kv_directory_loads_into_any_layout_and_decodes_as_transformers(model_type, reader, results, references):
     """Saved by the CP2 x PP2 instance (each CP rank its shard), loaded by a TP2, a CP2 and a TP1
-    decode instance: each rank's caches equal an unsplit prefill's at its heads and tokens."""
+    decode instance; the TP1 one's directory (one shard) loaded by a CP2 instance (split head-tail):
+    each rank's caches equal an unsplit prefill's at its heads and tokens."""
     expected = references[1][model_type][1]
     for rank in (4, 5):
         assert results[rank][(model_type, f"load {reader} tokens")] == expected, f"decode rank {rank}"
