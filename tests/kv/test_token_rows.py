@@ -37,7 +37,7 @@ def test_every_reader_rank_gets_each_of_its_tokens_once_from_the_shard_that_hold
     tokens = 37
     held = _chunked(tokens, 8, writer_cp)
     readers = reader_shards(held, tokens, reader_cp)
-    assert coverage_problem(readers, tokens) is None
+    assert coverage_problem([to_runs(r) for r in readers], tokens) is None
     if reader_cp == writer_cp:
         assert all(torch.equal(a, b) for a, b in zip(readers, held))  # each reader takes one shard whole
     elif reader_cp == 1:
@@ -61,10 +61,14 @@ def test_a_permuted_mapping_is_caught():
 
 
 def test_coverage_names_the_numbers():
-    assert coverage_problem([torch.arange(0, 20), torch.arange(18, 37)], 37) == (
-        "the 2 shards hold 39 rows for 37 tokens: 0 tokens missing, 2 held more than once, 0 rows past the last token")
-    assert "3 tokens missing" in coverage_problem([torch.arange(0, 34)], 37)
-    assert "1 rows past the last token" in coverage_problem([torch.arange(0, 38)], 37)
+    assert coverage_problem([[[0, 20]], [[18, 37]]], 37) == (
+        "the 2 shards hold 39 rows for 37 tokens: 0 tokens missing, 2 rows repeating a token, 0 rows past the last "
+        "token")
+    assert "3 tokens missing" in coverage_problem([[[0, 34]]], 37)
+    assert "1 rows past the last token" in coverage_problem([[[0, 38]]], 37)
+    assert coverage_problem([[[0, 1], [0, 1]], [[10 ** 12, 10 ** 12 + 1]]], 37).endswith(  # no allocation
+        "36 tokens missing, 1 rows repeating a token, 1 rows past the last token")
+    assert coverage_problem([[[0, 2], [6, 10]], [[2, 6]]], 10) is None  # runs in any order
 
 
 def _manifest(tmp_path, **change):
@@ -82,7 +86,7 @@ def test_a_cp_manifest_with_shards_that_do_not_tile_the_tokens_is_refused_in_one
     from vpp.kv.files import read_manifest
     assert read_manifest(_manifest(tmp_path))["writer"]["cp"] == 2
     with pytest.raises(ValueError, match=r"do not hold each token once: the 2 shards hold 38 rows for 37 tokens: "
-                                         r"0 tokens missing, 1 held more than once"):
+                                         r"0 tokens missing, 1 rows repeating a token"):
         read_manifest(_manifest(tmp_path, shards=[[[0, 19]], [[18, 37]]]))
     with pytest.raises(ValueError, match=r"'shards' must list, per CP rank, runs"):
         read_manifest(_manifest(tmp_path, shards=[[[5, 3]]]))

@@ -96,7 +96,7 @@ def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = 
                    f"gives {infos[0][7]}, global rank {theirs[0]} {theirs[7]}")
     shards = [next(info[9] for info in infos if info[8] == c) for c in range(cp)] if cp > 1 else None
     if problem is None and shards is not None:
-        problem = coverage_problem([from_runs(r) for r in shards], infos[0][7][1])
+        problem = coverage_problem(shards, infos[0][7][1])
         problem = problem and f"request {request!r}'s {cp} CP ranks do not hold each token once: {problem}"
     if problem:  # the same on every rank, before anything is written
         raise ValueError(problem)
@@ -108,7 +108,8 @@ def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = 
                               [Holding(-1, tuple(everything[n] for n in sorted(everything)))])
         shapes = {n: shape for info in ranks for n, shape in info[2].items()}
         for t in plan:
-            _write_entry(t, shapes, everything, c if cp > 1 else None, local if t.src == me else None, entries, mine_out)
+            _write_entry(t, shapes, everything, c if cp > 1 else None, local if t.src == me else None, entries,
+                         mine_out)
     os.makedirs(directory, exist_ok=True)
     save_id = infos[0][6]  # in every file and the manifest: a file of another save is refused
     crcs = {(f"rank-{me:05d}.safetensors", k): crc32(x) for k, x in mine_out.items()}
@@ -216,7 +217,7 @@ def read_manifest(directory: str) -> dict:
     if not runs_ok:
         raise ValueError(f"{path}: 'shards' must list, per CP rank, runs [[start, end], ...] of its tokens, got "
                          f"{shards!r:.60}")
-    problem = coverage_problem([from_runs(r) for r in shards], tokens)
+    problem = coverage_problem(shards, tokens)
     if problem:
         raise ValueError(f"{path}: the stored shards do not hold each token once: {problem}")
     for i, e in enumerate(entries):
@@ -245,11 +246,11 @@ def load_cache(pipe, request: Hashable, directory: str, *, reserve: int = 0) -> 
                          f"before loading its caches")
     manifest = read_manifest(directory)
     entries, tokens, g = manifest["tensors"], int(manifest["tokens"]), pipe.groups.cp
-    stored = shards_of(manifest)
-    readers = reader_shards(stored, tokens, g.size)
+    shard_rows = [sum(b - a for a, b in runs) for runs in
+                  (manifest["shards"] if manifest["format"] == FORMAT_CP else [[[0, tokens]]])]
     needs = pieces_of(pipe.stages)
     plans = []
-    for c in range(len(stored)):  # one plan per stored shard: every shard holds rows of every tensor
+    for c in range(len(shard_rows)):  # one plan per stored shard: every shard holds rows of every tensor
         sources = [Holding(i, (Piece.whole(e["name"]) if e["dim"] is None else
                                Piece(e["name"], e["dim"], e["start"], e["end"], e["full"]),))
                    for i, e in enumerate(entries) if e.get("shard", 0) == c]
@@ -258,11 +259,13 @@ def load_cache(pipe, request: Hashable, directory: str, *, reserve: int = 0) -> 
         except ValueError as exc:  # another model's caches, or a partial save
             raise ValueError(f"{directory}: the saved caches (written by a pipeline of {manifest.get('writer')}) do "
                              f"not cover this rank's stages: {exc}") from None
-    problem = (model_problem(entries, tokens, pipe.layout.num_layers, pipe.stages, [len(x) for x in stored])
+    problem = (model_problem(entries, tokens, pipe.layout.num_layers, pipe.stages, shard_rows)
                or identity_problem(manifest.get("model"), pipe.model)
                or size_problem(directory, entries, tokens, pipe.stages, [t for p in plans for t in p]))
     if problem:  # another model's caches would install, then decode garbage or fail in the attention
         raise ValueError(f"{os.path.join(directory, 'manifest.json')}: {problem}")
+    stored = shards_of(manifest)  # positions: after the size check, so within the model's positions
+    readers = reader_shards(stored, tokens, g.size)
     token_dim = {n: list(shape).index(None) for n, (shape, _) in cache_shapes_of(pipe.stages).items()}
     mine = readers[g.rank]
     tensors = {}
@@ -361,7 +364,8 @@ def size_problem(directory: str, entries: list, tokens: int, stages, plan) -> st
     return None
 
 
-def model_problem(entries: list, tokens: int, num_layers: int, stages, shard_rows: list[int] | None = None) -> str | None:
+def model_problem(entries: list, tokens: int, num_layers: int, stages,
+                  shard_rows: list[int] | None = None) -> str | None:
     """Why the stored slices ``entries`` (of ``tokens`` tokens) are not the caches of the model whose
     ``num_layers``-layer pipeline holds ``stages`` on this rank, or None: the layer count, the cache
     tensors of this rank's layers, their widths, heads and dtype (as :meth:`Stage.cache_shapes`), and

@@ -129,7 +129,8 @@ def compatibility_problem(prefill_ranks: Sequence[int], decode_ranks: Sequence[i
                 f"model on both")
     cp = first.cp[1]
     for q in first.tokens:
-        problem = coverage_problem(prefill_shards(prefill_ranks, by_rank, q), first.tokens[q])
+        runs = [_first_of_cp(prefill_ranks, by_rank, c).positions[q] for c in range(cp)] if cp > 1 else None
+        problem = runs and coverage_problem(runs, first.tokens[q])
         if problem:
             return f"request {q!r}: the prefill's {cp} CP ranks do not hold each token once: {problem}"
         shapes = {}
@@ -159,8 +160,12 @@ def prefill_shards(prefill_ranks: Sequence[int], by_rank: dict, request: Hashabl
     first = by_rank[prefill_ranks[0]]
     if first.cp[1] == 1:
         return [torch.arange(first.tokens[request])]
-    return [from_runs(next(by_rank[r] for r in prefill_ranks if by_rank[r].cp[0] == c).positions[request])
-            for c in range(first.cp[1])]
+    return [from_runs(_first_of_cp(prefill_ranks, by_rank, c).positions[request]) for c in range(first.cp[1])]
+
+
+def _first_of_cp(prefill_ranks: Sequence[int], by_rank: dict, c: int):
+    """The first prefill rank's info of CP rank ``c`` (every rank of a CP rank holds the same tokens)."""
+    return next(by_rank[r] for r in prefill_ranks if by_rank[r].cp[0] == c)
 
 
 @dataclass(frozen=True)
@@ -372,5 +377,5 @@ def install_caches(pipe, request: Hashable, tensors: dict[str, torch.Tensor], to
         stage.import_cache(request, {k: v for k, v in tensors.items() if start <= int(k.split(".")[2]) < end}, **kw)
 
 
-__all__ = ["HandoverInfo", "HandoverReport", "Rows", "cache_shapes_of", "compatibility_problem", "cp_plans", "hand_over",
-           "install_caches", "local_caches", "pieces_of", "prefill_shards", "warm_pairs"]
+__all__ = ["HandoverInfo", "HandoverReport", "Rows", "cache_shapes_of", "compatibility_problem", "cp_plans",
+           "hand_over", "install_caches", "local_caches", "pieces_of", "prefill_shards", "warm_pairs"]

@@ -46,18 +46,22 @@ def from_runs(runs: Sequence[Sequence[int]]) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
 
-def coverage_problem(held: Sequence[torch.Tensor], tokens: int) -> str | None:
-    """Why the shards ``held`` are not each of ``tokens`` tokens exactly once, or None."""
-    counts = torch.zeros(max(tokens, 1 + max((int(h.max()) for h in held if len(h)), default=0)), dtype=torch.long)
-    for h in held:
-        if len(h) and int(h.min()) < 0:
-            return f"a shard holds token {int(h.min())}"
-        counts.index_add_(0, h, torch.ones_like(h))
-    twice, missing = (counts[:tokens] > 1).sum(), (counts[:tokens] == 0).sum()
-    beyond = int(counts[tokens:].sum())
-    if twice or missing or beyond:
-        return (f"the {len(held)} shards hold {sum(len(h) for h in held)} rows for {tokens} tokens: {int(missing)} "
-                f"tokens missing, {int(twice)} held more than once, {beyond} rows past the last token")
+def coverage_problem(shards: Sequence[Sequence[Sequence[int]]], tokens: int) -> str | None:
+    """Why the shards (each as runs, :func:`to_runs`) do not hold each of ``tokens`` tokens exactly once,
+    or None. Arithmetic on the runs alone: a manifest claiming 10^12 tokens allocates nothing here."""
+    runs = sorted((int(a), int(b)) for shard in shards for a, b in shard)
+    rows = sum(b - a for a, b in runs)
+    covered = beyond = 0
+    end = 0  # the furthest token reached so far
+    for a, b in runs:
+        beyond += max(0, b - max(a, tokens))
+        a, b = max(0, min(a, tokens)), max(0, min(b, tokens))
+        covered += max(0, b - max(a, end))
+        end = max(end, b)
+    repeated = rows - beyond - covered
+    if covered != tokens or repeated or beyond:
+        return (f"the {len(shards)} shards hold {rows} rows for {tokens} tokens: {tokens - covered} tokens missing, "
+                f"{repeated} rows repeating a token, {beyond} rows past the last token")
     return None
 
 
