@@ -33,8 +33,7 @@ def _one_line(capsys, argv, pattern):
     (["prefill", "--cp", "2", "--chunk-size", "3", "--seq-len", "64"], r"--chunk-size 3 is smaller than 2 \* cp = 4"),
     (["prefill", "--cp", "2", "--folds", "2"], r"--folds cannot be combined with --cp 2 --pp 1"),
     (["prefill", "--cp", "2", "--pp", "2", "--chunk-size", "3", "--seq-len", "64"], r"--chunk-size 3 is smaller"),
-    (["generate", "--cp", "2", "--save-kv", "/tmp/vpp-cp-never-written"],
-     r"--save-kv cannot be combined with --cp 2 \(a sharded cache is not saved yet\)"),
+    (["generate", "--cp", "2", "--pp", "2", "--decode-cp", "2"], r"--decode-cp needs --decode-tp"),
     (["generate", "--cp", "3", "--seq-len", "5"], r"2 \* cp = 6 pieces, more than the 5 tokens"),
 ])
 def test_impossible_cp_combinations_are_one_line_errors(capsys, argv, pattern):

@@ -15,11 +15,16 @@ ranks with the chosen schedule, hands the request's caches over to the next ``T 
 loop layout; P defaults to 1) and decodes there (:mod:`vpp.kv.disaggregated`); the JSON then
 also has ``handover_s``. ``--save-kv DIR`` prefills, samples the first token and writes the caches
 to DIR (:mod:`vpp.kv.files` documents the layout); ``--load-kv DIR`` continues that request
-on ``--tp x --pp`` ranks of any layout (the prompt and the first token come from DIR)::
+on ``--tp x --cp x --pp`` ranks of any layout (the prompt and the first token come from DIR). With
+``--cp C`` the prefill's stages are CP groups and each CP rank hands over or writes only its token
+shard; ``--decode-cp C`` (with ``--decode-tp``) or ``--load-kv DIR --cp C`` decodes on CP ranks, each
+holding its share of the tokens::
 
     vpp generate --model DIR --tp 1 --pp 2 --schedule vpp-async --decode-tp 2 --max-new-tokens 12 --json
     vpp generate --model DIR --tp 1 --pp 2 --save-kv kv/ --max-new-tokens 12 --json
     vpp generate --model DIR --tp 2 --pp 1 --load-kv kv/ --max-new-tokens 12 --json
+    vpp generate --model DIR --cp 2 --pp 2 --decode-tp 1 --decode-cp 2 --max-new-tokens 12 --json
+    vpp generate --model DIR --cp 2 --pp 2 --save-kv kv/ --max-new-tokens 12 --json
 """
 
 from __future__ import annotations
@@ -69,9 +74,12 @@ def add_arguments(p) -> None:
     p.add_argument("--decode-tp", type=positive_int, default=None,
                    help="decode on another TP x PP group of ranks after the prefill (the KV caches are handed over)")
     p.add_argument("--decode-pp", type=positive_int, default=None, help="the decode group's PP (default 1)")
+    p.add_argument("--decode-cp", type=positive_int, default=None,
+                   help="the decode group's CP: each of its CP ranks receives its share of the tokens (default 1)")
     kv = p.add_mutually_exclusive_group()
     kv.add_argument("--save-kv", metavar="DIR", help="prefill, sample the first token, write the caches to DIR, stop")
-    kv.add_argument("--load-kv", metavar="DIR", help="continue the request saved in DIR (--tp x --pp of any layout)")
+    kv.add_argument("--load-kv", metavar="DIR",
+                    help="continue the request saved in DIR (--tp x --cp x --pp of any layout)")
 
 
 @dataclass
@@ -94,6 +102,7 @@ class GenerateJob:
     cached_prefix: int = 0
     decode_tp: int | None = None
     decode_pp: int = 1
+    decode_cp: int = 1
     save_kv: str | None = None
     load_kv: str | None = None
     first_tokens: list[int] | None = None  # --load-kv: the tokens generated before the caches were saved
@@ -113,8 +122,9 @@ def check(args) -> None:
         check_model(args.model, dtype=args.dtype)
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from None
-    if args.decode_pp is not None and args.decode_tp is None:
-        raise UsageError("--decode-pp needs --decode-tp (the decode group's TP size)")
+    for option, value in (("--decode-pp", args.decode_pp), ("--decode-cp", args.decode_cp)):
+        if value is not None and args.decode_tp is None:
+            raise UsageError(f"{option} needs --decode-tp (the decode group's TP size)")
     if args.cached_prefix and (args.decode_tp is not None or args.save_kv or args.load_kv):
         raise UsageError("--cached-prefix runs on one group: it cannot be combined with --decode-tp, --save-kv or "
                          "--load-kv")
@@ -163,17 +173,16 @@ def check(args) -> None:
                            stream=not args.json, eos_token_id=model.config.get("eos_token_id")
                            if isinstance(model.config.get("eos_token_id"), int) else None,
                            cached_prefix=args.cached_prefix,
-                           decode_tp=args.decode_tp, decode_pp=args.decode_pp or 1, save_kv=args.save_kv,
+                           decode_tp=args.decode_tp, decode_pp=args.decode_pp or 1, decode_cp=args.decode_cp or 1,
+                           save_kv=args.save_kv,
                            load_kv=args.load_kv, first_tokens=saved["generated"] if saved else None,
                            sampler_state=saved.get("sampler_state") if saved else None,
                            layout=layouts[run_as], decode_layout=decode_layout, cp=args.cp)
     if args.save_kv:
-        _check_output_dir(args.save_kv, args.tp * args.pp)
+        _check_output_dir(args.save_kv, args.tp * args.cp * args.pp)
     if args.cp > 1:
         from vpp.cli.cp_runs import check_cp
-        check_cp(args, prompt_tokens=len(ids), given_options={o: why for o, v, why in (
-            ("--save-kv", args.save_kv, "a sharded cache is not saved yet"),
-            ("--load-kv", args.load_kv, "a sharded cache is not loaded yet")) if v is not None})
+        check_cp(args, prompt_tokens=len(ids), given_options={})
 
 
 def _saved_request(directory: str) -> dict:
@@ -287,7 +296,8 @@ def _disaggregated_worker(job: GenerateJob, has_tokenizer: bool):
     from vpp.runtime import Pipeline, profile_planner
     from vpp.kv.disaggregated import generate_disaggregated
 
-    link = initialize_disaggregated(job.tp, job.pp, job.decode_tp, job.decode_pp, prefill_cp=job.cp)
+    link = initialize_disaggregated(job.tp, job.pp, job.decode_tp, job.decode_pp, prefill_cp=job.cp,
+                                    decode_cp=job.decode_cp)
     model = open_model(job.model, dtype=job.dtype, device_kind=link.groups.accelerator.kind)
     layout = job.layout if link.is_prefill else job.decode_layout
     stages = model.stages(layout, link.groups)
@@ -319,7 +329,7 @@ def _save(pipe, job: GenerateJob, ids, chunking):
 
 
 def _load_worker(job: GenerateJob, has_tokenizer: bool):
-    """Continue the request saved in job.load_kv on this job's tp x pp ranks (a loop layout)."""
+    """Continue the request saved in job.load_kv on this job's tp x cp x pp ranks (a loop layout)."""
     import torch
 
     from vpp.models.registry import open_model
@@ -327,7 +337,7 @@ def _load_worker(job: GenerateJob, has_tokenizer: bool):
     from vpp.runtime import Generation, Pipeline
     from vpp.kv.files import load_cache
 
-    groups = initialize_model_parallel(job.tp, job.pp)
+    groups = initialize_model_parallel(job.tp, job.pp, context_parallel_size=job.cp)
     model = open_model(job.model, dtype=job.dtype, device_kind=groups.accelerator.kind)
     pipe = Pipeline(model.stages(job.layout, groups), groups, timeout_s=job.timeout_s)
     load_cache(pipe, 0, job.load_kv, reserve=job.max_new_tokens)
@@ -348,6 +358,8 @@ def _config(job: GenerateJob) -> dict:
            if k not in ("prompt_ids", "first_tokens", "sampler_state", "layout", "decode_layout")}
     if job.decode_tp is None:
         out.pop("decode_pp")
+    if job.decode_tp is None or job.decode_cp == 1:
+        out.pop("decode_cp")
     if job.cp == 1:
         out.pop("cp")
     return {k: v for k, v in out.items() if k not in extra or v is not None}
@@ -394,11 +406,11 @@ def _run_cp(args) -> int:
 
 
 def run(args) -> int:
-    if args.cp > 1 and args.pp == 1 and args.decode_tp is None:
+    if args.cp > 1 and args.pp == 1 and args.decode_tp is None and not (args.save_kv or args.load_kv):
         return _run_cp(args)
     from vpp.parallel import launch
     job = args.job
-    world = job.tp * job.cp * job.pp + (job.decode_tp * job.decode_pp if job.decode_tp else 0)
+    world = job.tp * job.cp * job.pp + (job.decode_tp * job.decode_cp * job.decode_pp if job.decode_tp else 0)
     values = launch(_worker, world, job, args.tokenizer is not None, timeout=job.timeout_s * 2, threads=args.threads,
                     pg_timeout_s=job.timeout_s, same=args._given)
     gen = next((v for v in values if v is not None), None)

@@ -21,6 +21,15 @@ A reader plans from the stored slices to the slices its own stages hold and read
 slices those come from (each whole once, to verify its checksum), so any TP x PP layout can continue
 the request.
 
+Context parallelism (format ``vpp-kv/2``, written by a pipeline whose stages are CP groups): each
+CP rank writes the rows of its own tokens (its shard, never a gathered sequence). The manifest adds
+``shards`` (per writer CP rank, the tokens of its rows in row order, as runs ``[[start, end], ...]``:
+:func:`vpp.kv.token_rows.to_runs`) and ``writer.cp``; each stored slice names its ``shard``, and its
+token dim holds that shard's rows. A reader of any layout (TP, PP, CP) takes from each stored shard
+only the rows of the tokens it holds (:func:`vpp.kv.token_rows.reader_shards`: the same shards where
+the CP sizes agree, every token in order without CP, else a head-tail split), so each of its ranks
+gets exactly its layers, heads and tokens. A ``vpp-kv/1`` directory is one shard of every token.
+
 Whole or absent: the manifest is written last, so a save that fails leaves no readable directory; a
 directory that already holds a manifest is refused (its files would be replaced under the old
 manifest), as is a path that is a file. A damaged directory (a truncated, missing, corrupted or
@@ -40,6 +49,7 @@ from typing import Any, Hashable
 import torch
 import torch.distributed as dist
 
+from vpp.kv.token_rows import coverage_problem, from_runs, reader_shards, rows_between, to_runs
 from vpp.kv.transfer_plan import Holding, Piece, plan_transfers
 from vpp.transformer.attention.cache import shape_problem
 from vpp.safe_write import write_bytes, write_text
@@ -48,6 +58,7 @@ from .handover import cache_shapes_of, install_caches, local_caches, pieces_of
 from vpp.runtime.watchdog import rendezvous
 
 FORMAT = "vpp-kv/1"
+FORMAT_CP = "vpp-kv/2"  # the caches of a context-parallel writer: one shard of rows per CP rank
 SAVE_ID_KEY = "vpp-kv-save"  # a rank file's metadata: the save it belongs to (the manifest's save_id)
 
 
@@ -66,14 +77,13 @@ def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = 
     instance: every rank of ``pipe.groups`` calls it). Returns the manifest (on every rank)."""
     groups = pipe.groups
     members, me = groups.members, groups.global_rank
-    if groups.cp.size > 1:  # every rank of the instance is a CP rank: every one raises this, before any exchange
-        raise ValueError(f"request {request!r}'s caches are sharded over {groups.cp.size} CP ranks; saving them to a "
-                         f"directory is not supported yet: hand them over to a TP decode instance (vpp.kv.handover)")
+    cp = groups.cp.size
     local = local_caches(pipe, request)
     problem = None if local else f"global rank {me}: request {request!r} has no caches here to save"
+    runs = to_runs(pipe.stages[0].cache_positions(request)) if cp > 1 and local else None
     mine = (me, pieces_of(pipe.stages), {n: (list(t.shape), str(t.dtype).replace("torch.", "")) for n, t in local.items()},
             [list(st.layer_range) for st in pipe.stages], groups.pp.rank, problem or directory_problem(directory),
-            os.urandom(8).hex(), (request, pipe.stages[0].cache_length(request)))
+            os.urandom(8).hex(), (request, pipe.stages[0].cache_length(request)), groups.cp.rank, runs)
     infos: list[Any] = [mine]
     if dist.is_initialized() and len(members) > 1:
         rendezvous("saving the KV caches", me, members, timeout_s=pipe.timeout_s)
@@ -84,25 +94,23 @@ def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = 
     if problem is None and theirs is not None:  # each rank would write another request's caches
         problem = (f"the ranks disagree on the request to save (request, cached tokens): global rank {infos[0][0]} "
                    f"gives {infos[0][7]}, global rank {theirs[0]} {theirs[7]}")
+    shards = [next(info[9] for info in infos if info[8] == c) for c in range(cp)] if cp > 1 else None
+    if problem is None and shards is not None:
+        problem = coverage_problem(shards, infos[0][7][1])
+        problem = problem and f"request {request!r}'s {cp} CP ranks do not hold each token once: {problem}"
     if problem:  # the same on every rank, before anything is written
         raise ValueError(problem)
     everything = {p.name: _full(p) for _, pieces, *_ in infos for p in pieces}
-    plan = plan_transfers([Holding(r, pieces) for r, pieces, *_ in infos],
-                          [Holding(-1, tuple(everything[n] for n in sorted(everything)))])
-    os.makedirs(directory, exist_ok=True)
-    shapes = {n: s for _, _, sh, *_ in infos for n, s in sh.items()}
     entries, mine_out = [], {}
-    for t in plan:
-        key = t.name if t.dim is None else f"{t.name}[{t.start}:{t.end}]"
-        shape = list(shapes[t.name][0])
-        if t.dim is not None:
-            shape[t.dim] = t.length
-        entries.append(dict(file=f"rank-{t.src:05d}.safetensors", key=key, name=t.name, dim=t.dim, start=t.start,
-                            end=t.end if t.dim is not None else 1, full=everything[t.name].full, shape=shape,
-                            dtype=shapes[t.name][1]))
-        if t.src == me:
-            x = local[t.name] if t.dim is None else local[t.name].narrow(t.dim, t.src_offset, t.length)
-            mine_out[key] = x.contiguous().cpu()
+    for c in range(cp):  # one plan per CP rank's shard (each written by one of its ranks)
+        ranks = [info for info in infos if info[8] == c]  # (global rank, pieces, shapes, ...) of CP rank c
+        plan = plan_transfers([Holding(info[0], info[1]) for info in ranks],
+                              [Holding(-1, tuple(everything[n] for n in sorted(everything)))])
+        shapes = {n: shape for info in ranks for n, shape in info[2].items()}
+        for t in plan:
+            _write_entry(t, shapes, everything, c if cp > 1 else None, local if t.src == me else None, entries,
+                         mine_out)
+    os.makedirs(directory, exist_ok=True)
     save_id = infos[0][6]  # in every file and the manifest: a file of another save is refused
     crcs = {(f"rank-{me:05d}.safetensors", k): crc32(x) for k, x in mine_out.items()}
     if mine_out:  # beside the target, renamed over a regular file only (vpp.safe_write)
@@ -112,12 +120,15 @@ def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = 
     stages_by_pp: dict[int, list] = {}
     for _, _, _, ranges, pp_rank, *_ in infos:
         stages_by_pp.setdefault(pp_rank, ranges)
-    manifest = dict(format=FORMAT, request=request if isinstance(request, (int, str)) else repr(request),
+    manifest = dict(format=FORMAT if cp == 1 else FORMAT_CP,
+                    request=request if isinstance(request, (int, str)) else repr(request),
                     tokens=pipe.stages[0].cache_length(request),
                     writer=dict(tp=groups.tp.size, pp=groups.pp.size,
                                 stages=[stages_by_pp[r] for r in sorted(stages_by_pp)]),
                     extra=extra or {}, tensors=entries, save_id=save_id,
                     model=None if pipe.model is None else dict(digest=pipe.model[0], name=pipe.model[1]))
+    if cp > 1:
+        manifest["writer"]["cp"], manifest["shards"] = cp, shards
     if dist.is_initialized() and len(members) > 1:  # every file is complete before the manifest exists
         rendezvous("the KV files written", me, members, timeout_s=pipe.timeout_s)
         every = [None] * len(members)
@@ -129,6 +140,25 @@ def save_cache(pipe, request: Hashable, directory: str, *, extra: dict | None = 
     if me == members[0]:
         write_text(os.path.join(directory, "manifest.json"), json.dumps(manifest))
     return manifest
+
+
+def _write_entry(t, shapes: dict, everything: dict, shard: int | None, local: dict | None, entries: list,
+                 out: dict) -> None:
+    """The manifest entry of stored slice ``t`` (of CP shard ``shard``); its tensor into ``out`` when
+    this rank writes it (``local``: this rank's caches)."""
+    key = t.name if t.dim is None else f"{t.name}[{t.start}:{t.end}]"
+    shape = list(shapes[t.name][0])
+    if t.dim is not None:
+        shape[t.dim] = t.length
+    entry = dict(file=f"rank-{t.src:05d}.safetensors", key=key, name=t.name, dim=t.dim, start=t.start,
+                 end=t.end if t.dim is not None else 1, full=everything[t.name].full, shape=shape,
+                 dtype=shapes[t.name][1])
+    if shard is not None:
+        entry["shard"] = shard
+    entries.append(entry)
+    if local is not None:
+        x = local[t.name] if t.dim is None else local[t.name].narrow(t.dim, t.src_offset, t.length)
+        out[key] = x.contiguous().cpu()
 
 
 def directory_problem(directory: str) -> str | None:
@@ -157,9 +187,9 @@ def read_manifest(directory: str) -> dict:
             manifest = json.load(f)
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable KV directory manifest ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in (FORMAT, FORMAT_CP):
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ValueError(f"{path}: format {got!r}, expected {FORMAT!r}")
+        raise ValueError(f"{path}: format {got!r}, expected {FORMAT!r} or {FORMAT_CP!r}")
     tokens, entries = manifest.get("tokens"), manifest.get("tensors")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"{path}: tokens={tokens!r} must be a token count >= 1")
@@ -180,7 +210,29 @@ def read_manifest(directory: str) -> dict:
         if not e["start"] < e["end"] <= e["full"] or whole:
             raise ValueError(f"{path}: tensors[{i}] ({e['name']}) holds slice [{e['start']}, {e['end']}) of "
                              f"{e['full']} along dim {e['dim']}: empty or out of range")
+    shards = manifest.get("shards") if manifest["format"] == FORMAT_CP else [[[0, tokens]]]
+    runs_ok = isinstance(shards, list) and shards and all(
+        isinstance(r, list) and all(isinstance(x, list) and len(x) == 2 and _count(x[0]) and _count(x[1])
+                                    and x[0] < x[1] for x in r) for r in shards)
+    if not runs_ok:
+        raise ValueError(f"{path}: 'shards' must list, per CP rank, runs [[start, end], ...] of its tokens, got "
+                         f"{shards!r:.60}")
+    problem = coverage_problem(shards, tokens)
+    if problem:
+        raise ValueError(f"{path}: the stored shards do not hold each token once: {problem}")
+    for i, e in enumerate(entries):
+        shard = e.get("shard", 0)
+        if not _count(shard) or shard >= len(shards) or (manifest["format"] == FORMAT_CP and "shard" not in e):
+            raise ValueError(f"{path}: tensors[{i}] ({e['name']}) names shard {e.get('shard')!r}, the manifest "
+                             f"holds {len(shards)} shards")
     return manifest
+
+
+def shards_of(manifest: dict) -> list[torch.Tensor]:
+    """The tokens of each stored shard's rows (one shard of every token in a ``vpp-kv/1`` directory)."""
+    if manifest["format"] == FORMAT_CP:
+        return [from_runs(r) for r in manifest["shards"]]
+    return [torch.arange(int(manifest["tokens"]))]
 
 
 @torch.inference_mode()
@@ -188,38 +240,57 @@ def load_cache(pipe, request: Hashable, directory: str, *, reserve: int = 0) -> 
     """Install the caches saved in ``directory`` as ``request``'s on this rank's stages, reading only
     the slices they hold (no communication: each rank reads its own). ``reserve``: tokens the request
     will still append. Returns the manifest."""
-    from safetensors import safe_open
-
-    if pipe.groups.cp.size > 1:
-        raise ValueError(f"this pipeline's stages are context-parallel (cp={pipe.groups.cp.size}): loading caches into "
-                         f"them is not supported yet (a KV hand-over or a directory goes to TP x PP ranks)")
     held = [(list(st.layer_range), st.cache_length(request)) for st in pipe.stages if st.cache_length(request)]
     if held:  # checked before reading, so that no stage is left with half a request
         raise ValueError(f"request {request!r} already holds {held[0][1]} tokens on stage {held[0][0]}: release it "
                          f"before loading its caches")
     manifest = read_manifest(directory)
-    entries = manifest["tensors"]
-    sources = [Holding(i, (Piece.whole(e["name"]) if e["dim"] is None else
-                           Piece(e["name"], e["dim"], e["start"], e["end"], e["full"]),)) for i, e in enumerate(entries)]
+    entries, tokens, g = manifest["tensors"], int(manifest["tokens"]), pipe.groups.cp
+    shard_rows = [sum(b - a for a, b in runs) for runs in
+                  (manifest["shards"] if manifest["format"] == FORMAT_CP else [[[0, tokens]]])]
     needs = pieces_of(pipe.stages)
-    try:
-        plan = plan_transfers(sources, [Holding(0, needs)])
-    except ValueError as exc:  # another model's caches, or a partial save
-        raise ValueError(f"{directory}: the saved caches (written by a pipeline of {manifest.get('writer')}) do "
-                         f"not cover this rank's stages: {exc}") from None
-    problem = (model_problem(entries, int(manifest["tokens"]), pipe.layout.num_layers, pipe.stages)
+    plans = []
+    for c in range(len(shard_rows)):  # one plan per stored shard: every shard holds rows of every tensor
+        sources = [Holding(i, (Piece.whole(e["name"]) if e["dim"] is None else
+                               Piece(e["name"], e["dim"], e["start"], e["end"], e["full"]),))
+                   for i, e in enumerate(entries) if e.get("shard", 0) == c]
+        try:
+            plans.append(plan_transfers(sources, [Holding(0, needs)]))
+        except ValueError as exc:  # another model's caches, or a partial save
+            raise ValueError(f"{directory}: the saved caches (written by a pipeline of {manifest.get('writer')}) do "
+                             f"not cover this rank's stages: {exc}") from None
+    problem = (model_problem(entries, tokens, pipe.layout.num_layers, pipe.stages, shard_rows)
                or identity_problem(manifest.get("model"), pipe.model)
-               or size_problem(directory, entries, int(manifest["tokens"]), pipe.stages, plan))
+               or size_problem(directory, entries, tokens, pipe.stages, [t for p in plans for t in p]))
     if problem:  # another model's caches would install, then decode garbage or fail in the attention
         raise ValueError(f"{os.path.join(directory, 'manifest.json')}: {problem}")
-    device = pipe.groups.device
+    stored = shards_of(manifest)  # positions: after the size check, so within the model's positions
+    readers = reader_shards(stored, tokens, g.size)
+    token_dim = {n: list(shape).index(None) for n, (shape, _) in cache_shapes_of(pipe.stages).items()}
+    mine = readers[g.rank]
     tensors = {}
     for p in needs:
         shape = list(next(e["shape"] for e in entries if e["name"] == p.name))
         if p.dim is not None:
             shape[p.dim] = p.end - p.start
+        shape[token_dim[p.name]] = len(mine)
         dtype = getattr(torch, next(e["dtype"] for e in entries if e["name"] == p.name))
-        tensors[p.name] = torch.empty(shape, dtype=dtype, device=device)
+        tensors[p.name] = torch.empty(shape, dtype=dtype, device=pipe.groups.device)
+    for c, plan in enumerate(plans):
+        rows = rows_between(stored[c], mine, tokens)
+        if len(rows[0]):
+            _read(directory, manifest, plan, rows, token_dim, tensors)
+    install_caches(pipe, request, tensors, tokens + reserve, readers if g.size > 1 else None)
+    return manifest
+
+
+def _read(directory: str, manifest: dict, plan, rows, token_dim: dict, tensors: dict) -> None:
+    """Read the stored slices of ``plan`` (one shard's), each whole once to check its checksum, and
+    put their rows ``rows[0]`` at ``tensors``' rows ``rows[1]`` (a truncated, corrupted, missing or
+    foreign file: one ValueError naming it)."""
+    from safetensors import safe_open
+
+    entries = manifest["tensors"]
     opened: dict[str, Any] = {}
     checked: set[int] = set()  # entries whose checksum was verified
     try:
@@ -250,14 +321,16 @@ def load_cache(pipe, request: Hashable, directory: str, *, reserve: int = 0) -> 
                     index[t.dim] = slice(t.src_offset, t.src_offset + t.length)
                     x = part[tuple(index)]
                 dst = tensors[t.name] if t.dim is None else tensors[t.name].narrow(t.dim, t.dst_offset, t.length)
-                dst.copy_(x)
+                dim = token_dim[t.name]
+                if len(rows[0]) == x.shape[dim] == dst.shape[dim] and torch.equal(rows[0], rows[1]):
+                    dst.copy_(x)  # every row, in order (no CP on either side)
+                else:
+                    dst.index_copy_(dim, rows[1].to(dst.device), x.index_select(dim, rows[0]).to(dst.device))
             except Exception as exc:  # a truncated, corrupted, missing or foreign file: one line naming it
                 raise ValueError(f"{path}: cannot read {e['key']!r} of the saved caches "
                                  f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     finally:
         opened.clear()
-    install_caches(pipe, request, tensors, int(manifest["tokens"]) + reserve)
-    return manifest
 
 
 def identity_problem(saved, running) -> str | None:
@@ -291,10 +364,12 @@ def size_problem(directory: str, entries: list, tokens: int, stages, plan) -> st
     return None
 
 
-def model_problem(entries: list, tokens: int, num_layers: int, stages) -> str | None:
+def model_problem(entries: list, tokens: int, num_layers: int, stages,
+                  shard_rows: list[int] | None = None) -> str | None:
     """Why the stored slices ``entries`` (of ``tokens`` tokens) are not the caches of the model whose
     ``num_layers``-layer pipeline holds ``stages`` on this rank, or None: the layer count, the cache
-    tensors of this rank's layers, their widths, heads and dtype (as :meth:`Stage.cache_shapes`)."""
+    tensors of this rank's layers, their widths, heads and dtype (as :meth:`Stage.cache_shapes`), and
+    the rows of each (``shard_rows``: of each stored CP shard; else ``tokens``)."""
     try:
         layers = {e["name"]: int(str(e["name"]).split(".")[2]) for e in entries}
     except (IndexError, ValueError):
@@ -319,10 +394,13 @@ def model_problem(entries: list, tokens: int, num_layers: int, stages) -> str | 
             return f"tensors[{i}] has a malformed shape {e['shape']!r:.60}"
         if problem:
             return problem
-        if rows != tokens:
-            return f"{e['name']} holds {rows} tokens, the manifest says tokens={tokens}"
+        expected = tokens if shard_rows is None else shard_rows[e.get("shard", 0)]
+        if rows != expected:
+            if shard_rows is None or len(shard_rows) == 1:
+                return f"{e['name']} holds {rows} tokens, the manifest says tokens={tokens}"
+            return f"{e['name']} holds {rows} rows in shard {e.get('shard', 0)}, the manifest's shards say {expected}"
     return None
 
 
-__all__ = ["ENTRY_KEYS", "FORMAT", "SAVE_ID_KEY", "crc32", "directory_problem", "identity_problem", "load_cache",
-           "model_problem", "read_manifest", "save_cache", "size_problem"]
+__all__ = ["ENTRY_KEYS", "FORMAT", "FORMAT_CP", "SAVE_ID_KEY", "crc32", "directory_problem", "identity_problem",
+           "load_cache", "model_problem", "read_manifest", "save_cache", "shards_of", "size_problem"]

@@ -22,12 +22,16 @@ decode instance (PP_d x TP_d; any layer split, any TP size that divides the head
 
 Decoding then continues on the decode pipeline exactly as it would have on the prefill's.
 
-From a context-parallel prefill (``groups.cp`` of several ranks, each holding the rows of its own
-tokens; ``Stage.cache_positions`` says which): the prefill ranks of CP rank ``c`` are the sources of
-one plan per ``c``, posted in CP rank order; a decode rank receives each CP shard of its layers and
-heads whole, then puts its rows at their tokens' positions (``index_copy_`` along the token dim), so
-it holds every token in order. Nothing is gathered on the prefill side: no rank there ever holds more
-than its shard. A decode instance must not be context-parallel itself (refused in the exchange).
+With context parallelism on either side (``groups.cp`` of several ranks, each holding the rows of its
+own tokens; ``Stage.cache_positions`` says which): the prefill ranks of CP rank ``c`` are the sources
+of one plan per ``c``, posted in CP rank order. The tokens each decode CP rank will hold are a pure
+function of the prefill's shards (:func:`vpp.kv.token_rows.reader_shards`: the same shards when both
+CP sizes agree, every token in order on a decode instance without CP, else a head-tail split); a
+prefill rank sends each decode rank only the rows of its shard that decode rank holds
+(``index_select`` along the token dim) and the decode rank puts them at its rows (``index_copy_``).
+Nothing is gathered on the prefill side: no rank there ever holds more than its shard, and every row
+a decode rank needs arrives once. A context-parallel decode rank installs its rows with every CP
+rank's positions (``Stage.import_cache(..., positions=...)``) and decodes as after a CP prefill.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from vpp.parallel.instances import Disaggregation
+from vpp.kv.token_rows import coverage_problem, from_runs, reader_shards, rows_between, to_runs
 from vpp.kv.transfer_plan import Holding, Piece, Transfer, plan_transfers
 from vpp.transformer.attention.cache import shape_problem
 
@@ -63,7 +68,7 @@ class HandoverInfo:
     expects: dict = field(default_factory=dict)  # name -> (shape, None at the token dim; dtype), on decode ranks
     held: tuple = ()  # requests holding caches on this rank, on decode ranks
     cp: tuple[int, int] = (0, 1)  # (CP rank, CP size) of this rank's instance
-    positions: dict = field(default_factory=dict)  # request -> token of each cached row, on CP prefill ranks
+    positions: dict = field(default_factory=dict)  # request -> runs of the tokens of its rows, on CP prefill ranks
 
 
 @dataclass
@@ -122,16 +127,12 @@ def compatibility_problem(prefill_ranks: Sequence[int], decode_ranks: Sequence[i
         return (f"the decode instance's model needs {len(missing)} cache tensors the prefill instance does not hold "
                 f"{missing[:2]} and not {len(extra)} that it holds {extra[:2]}: a KV hand-over needs the same "
                 f"model on both")
-    if by_rank[decode_ranks[0]].cp[1] > 1:
-        return (f"the decode instance is context-parallel (cp={by_rank[decode_ranks[0]].cp[1]}): a KV hand-over goes "
-                f"to a decode instance of TP x PP ranks, each holding every token of its layers and heads")
     cp = first.cp[1]
     for q in first.tokens:
-        covered = sorted(t for c in range(cp) for t in _first_of_cp(prefill_ranks, by_rank, c).positions[q]) \
-            if cp > 1 else None
-        if cp > 1 and covered != list(range(first.tokens[q])):
-            return (f"request {q!r}: the prefill's {cp} CP ranks hold {len(covered)} rows of its {first.tokens[q]} "
-                    f"tokens, not each token once")
+        runs = [_first_of_cp(prefill_ranks, by_rank, c).positions[q] for c in range(cp)] if cp > 1 else None
+        problem = runs and coverage_problem(runs, first.tokens[q])
+        if problem:
+            return f"request {q!r}: the prefill's {cp} CP ranks do not hold each token once: {problem}"
         shapes = {}
         for r in prefill_ranks:
             shapes.update(by_rank[r].shapes[q])
@@ -153,9 +154,36 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name.replace("torch.", ""))
 
 
+def prefill_shards(prefill_ranks: Sequence[int], by_rank: dict, request: Hashable) -> list[torch.Tensor]:
+    """The tokens of each prefill CP rank's rows of ``request`` (one shard of every token without CP;
+    every rank of a CP rank holds the same tokens)."""
+    first = by_rank[prefill_ranks[0]]
+    if first.cp[1] == 1:
+        return [torch.arange(first.tokens[request])]
+    return [from_runs(_first_of_cp(prefill_ranks, by_rank, c).positions[request]) for c in range(first.cp[1])]
+
+
 def _first_of_cp(prefill_ranks: Sequence[int], by_rank: dict, c: int):
     """The first prefill rank's info of CP rank ``c`` (every rank of a CP rank holds the same tokens)."""
     return next(by_rank[r] for r in prefill_ranks if by_rank[r].cp[0] == c)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Which rows of a request move between the prefill's CP shards and the decode's: ``shards`` (the
+    prefill's), ``decode`` (each decode CP rank's tokens), ``tokens``."""
+
+    shards: list
+    decode: list
+    tokens: int
+
+    def between(self, c: int, d: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(prefill rows, decode rows) from shard ``c`` to decode CP rank ``d``; None: every row, in
+        order, on both sides (no reordering needed)."""
+        src, dst = self.shards[c], self.decode[d]
+        if len(src) == len(dst) and torch.equal(src, dst):
+            return None
+        return rows_between(src, dst, self.tokens)
 
 
 def local_caches(pipe, request: Hashable) -> dict[str, torch.Tensor]:
@@ -203,8 +231,8 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
                 continue
             shapes[q] = {n: (tuple(t.shape), str(t.dtype)) for n, t in local.items()}
             counts[q] = pipe.stages[0].cache_length(q)
-            if pipe.groups.cp.size > 1:  # the token of each row of this rank's shard
-                positions[q] = pipe.stages[0].cache_positions(q).tolist()
+            if pipe.groups.cp.size > 1:  # the tokens of this rank's shard's rows
+                positions[q] = to_runs(pipe.stages[0].cache_positions(q))
     mine = HandoverInfo(me, link.role, pieces_of(pipe.stages), shapes, counts,
                         payload if me == link.prefill_ranks[0] else None, os.urandom(8).hex(), problem,
                         pipe.layout.num_layers, {} if sending else cache_shapes_of(pipe.stages),
@@ -228,28 +256,28 @@ def hand_over(pipe, link: Disaggregation, requests: Sequence[Hashable] | None, *
     sent = received = held = 0
     tokens = {}
     moving = time.perf_counter()
+    cp_of = {r: i.cp[0] for r, i in by_rank.items()}
     try:
         warm_pairs(plan, me, link.groups.device, watchdog, timeout_s=timeout_s)
         for q in requests:
             tokens[q] = by_rank[link.prefill_ranks[0]].tokens[q]
+            shards = prefill_shards(link.prefill_ranks, by_rank, q)
+            rows = Rows(shards, reader_shards(shards, tokens[q], by_rank[link.decode_ranks[0]].cp[1]), tokens[q])
             if sending:
-                sent += _send(pipe, q, plans[by_rank[me].cp[0]], me, watchdog)
+                sent += _send(pipe, q, plans[cp_of[me]], me, watchdog,
+                              lambda dst: rows.between(cp_of[me], cp_of[dst]))
                 if release:
                     pipe.release(q)
             elif any(t.dst == me for t in plan):
-                shards = []
-                for c, plan_c in enumerate(plans):  # in CP rank order, as the senders post them
-                    q_shapes = {}
-                    for r in link.prefill_ranks:  # every tensor's shape, from the rank(s) of CP rank c holding it
-                        if by_rank[r].cp[0] == c:
-                            q_shapes.update(by_rank[r].shapes[q])
-                    shards.append(_receive(q, plan_c, me, by_rank[me].pieces, q_shapes, link.groups.device, watchdog))
-                received += sum(t.nbytes for shard in shards for t in shard.values())
-                tensors = shards[0] if len(plans) == 1 else _in_token_order(
-                    shards, [_first_of_cp(link.prefill_ranks, by_rank, c).positions[q] for c in range(len(plans))],
-                    tokens[q], by_rank[me].expects)
+                shapes = {}
+                for r in link.prefill_ranks:
+                    shapes.update(by_rank[r].shapes[q])
+                tensors, nbytes = _receive(q, plans, me, by_rank[me].expects, shapes, rows, cp_of,
+                                           link.groups.device, watchdog)
+                received += nbytes
                 held += sum(t.nbytes for t in tensors.values())
-                install_caches(pipe, q, tensors, tokens[q] + reserve)
+                install_caches(pipe, q, tensors, tokens[q] + reserve,
+                               rows.decode if link.groups.cp.size > 1 else None)
     except BaseException as exc:
         watchdog.notify_failure(f"global rank {me} ({link.role}) raised {type(exc).__name__}: {exc} in the KV hand-over",
                                 me if getattr(exc, "global_rank", None) is None else exc.global_rank)
@@ -280,14 +308,22 @@ def warm_pairs(plan: Sequence[Transfer], me: int, device: torch.device, watchdog
     return pairs
 
 
-def _send(pipe, request: Hashable, plan: list[Transfer], me: int, watchdog: Watchdog) -> int:
+def _send(pipe, request: Hashable, plan: list[Transfer], me: int, watchdog: Watchdog, rows_to) -> int:
+    """Post this rank's transfers of ``plan``, each the rows ``rows_to(dst)`` selects (None: all)."""
     local = local_caches(pipe, request)
+    token_dim = {n: list(shape).index(None) for n, (shape, _) in cache_shapes_of(pipe.stages).items()}
     works, nbytes = [], 0
     for t in plan:
         if t.src != me:
             continue
+        rows = rows_to(t.dst)
+        if rows is not None and len(rows[0]) == 0:
+            continue  # the destination holds none of this shard's tokens (it posts no receive either)
         x = local[t.name] if t.dim is None else local[t.name].narrow(t.dim, t.src_offset, t.length)
-        x = x.contiguous()
+        if rows is None or len(rows[0]) == x.shape[token_dim[t.name]]:  # every row, in row order
+            x = x.contiguous()
+        else:
+            x = x.index_select(token_dim[t.name], rows[0].to(x.device))
         nbytes += x.nbytes
         works.append((dist.isend(x, dst=t.dst), t, x))
     for work, t, _ in works:
@@ -295,54 +331,51 @@ def _send(pipe, request: Hashable, plan: list[Transfer], me: int, watchdog: Watc
     return nbytes
 
 
-def _receive(request: Hashable, plan: list[Transfer], me: int, needs: tuple[Piece, ...], shapes: dict,
-             device: torch.device, watchdog: Watchdog) -> dict[str, torch.Tensor]:
+def _receive(request: Hashable, plans: list[list[Transfer]], me: int, expects: dict, shapes: dict, rows: Rows,
+             cp_of: dict, device: torch.device, watchdog: Watchdog) -> tuple[dict[str, torch.Tensor], int]:
+    """This decode rank's caches of ``request`` (its layers, heads and tokens, in its row order) from
+    every prefill CP shard's plan, posted in CP rank order; and the bytes received."""
+    mine = rows.decode[cp_of[me]]
     tensors = {}
-    for p in needs:
-        shape, dtype = shapes[p.name]
-        shape = list(shape)
-        if p.dim is not None:
-            shape[p.dim] = p.end - p.start
-        tensors[p.name] = torch.empty(shape, dtype=_dtype(dtype), device=device)
+    for name, (shape, _) in expects.items():
+        tensors[name] = torch.empty([len(mine) if n is None else n for n in shape], dtype=_dtype(shapes[name][1]),
+                                    device=device)
     works = []
-    for t in plan:
-        if t.dst != me:
-            continue
-        full = tensors[t.name]
-        view = full if t.dim is None else full.narrow(t.dim, t.dst_offset, t.length)
-        buf = view if view.is_contiguous() else torch.empty_like(view, memory_format=torch.contiguous_format)
-        works.append((dist.irecv(buf, src=t.src), t, view, buf))
-    for work, t, view, buf in works:
+    for c, plan in enumerate(plans):
+        moved = rows.between(c, cp_of[me])
+        for t in plan:
+            if t.dst != me or (moved is not None and len(moved[0]) == 0):
+                continue
+            dim = list(expects[t.name][0]).index(None)
+            view = tensors[t.name] if t.dim is None else tensors[t.name].narrow(t.dim, t.dst_offset, t.length)
+            if moved is None:
+                buf = view if view.is_contiguous() else torch.empty_like(view, memory_format=torch.contiguous_format)
+            else:
+                shape = list(view.shape)
+                shape[dim] = len(moved[0])
+                buf = view.new_empty(shape)
+            works.append((dist.irecv(buf, src=t.src), t, view, buf, None if moved is None else (dim, moved[1])))
+    nbytes = 0
+    for work, t, view, buf, at in works:
         watchdog.wait(work, f"receiving {t.name} of request {request!r} from global rank {t.src}", t.src)
-        if buf is not view:
+        nbytes += buf.nbytes
+        if at is not None:
+            view.index_copy_(at[0], at[1].to(view.device), buf)
+        elif buf is not view:
             view.copy_(buf)
-    return tensors
+    return tensors, nbytes
 
 
-def _in_token_order(shards: list[dict], positions: list[list[int]], tokens: int, expects: dict) -> dict:
-    """The CP shards of each tensor (shard ``c``'s row ``i`` holds token ``positions[c][i]``) as one
-    tensor of ``tokens`` rows in token order, along the token dim (None in ``expects``' shapes)."""
-    out = {}
-    for name, first in shards[0].items():
-        dim = list(expects[name][0]).index(None)
-        shape = list(first.shape)
-        shape[dim] = tokens
-        full = first.new_empty(shape)
-        for shard, rows in zip(shards, positions):
-            full.index_copy_(dim, torch.tensor(rows, dtype=torch.long, device=full.device), shard[name])
-        out[name] = full
-    return out
-
-
-def install_caches(pipe, request: Hashable, tensors: dict[str, torch.Tensor], tokens: int) -> None:
-    """Size ``request``'s caches on this rank's stages for ``tokens`` tokens, then import them."""
+def install_caches(pipe, request: Hashable, tensors: dict[str, torch.Tensor], tokens: int,
+                   positions: list[torch.Tensor] | None = None) -> None:
+    """Size ``request``'s caches on this rank's stages for ``tokens`` tokens, then import them (under
+    CP, this rank's rows; ``positions``: every CP rank's tokens)."""
+    kw = {} if positions is None else {"positions": positions}
     for stage in pipe.stages:
         stage.reserve(request, tokens)
         start, end = stage.layer_range
-        stage.import_cache(request, {k: v for k, v in tensors.items() if start <= int(k.split(".")[2]) < end})
+        stage.import_cache(request, {k: v for k, v in tensors.items() if start <= int(k.split(".")[2]) < end}, **kw)
 
 
-__all__ = ["HandoverInfo", "HandoverReport", "cache_shapes_of", "compatibility_problem", "cp_plans", "hand_over",
-           "install_caches",
-           "warm_pairs",
-           "local_caches", "pieces_of"]
+__all__ = ["HandoverInfo", "HandoverReport", "Rows", "cache_shapes_of", "compatibility_problem", "cp_plans",
+           "hand_over", "install_caches", "local_caches", "pieces_of", "prefill_shards", "warm_pairs"]

@@ -267,13 +267,18 @@ class Stage(nn.Module):
                 out[f"model.layers.{i}.self_attn.{part}"] = (tuple(cache.shapes[part]), dtype)
         return out
 
-    def import_cache(self, request: Hashable, tensors: dict[str, torch.Tensor]) -> None:
+    def import_cache(self, request: Hashable, tensors: dict[str, torch.Tensor], *,
+                     positions: list[torch.Tensor] | None = None) -> None:
         """Install ``tensors`` (as :meth:`export_cache` names them) as the caches of ``request``,
         which must hold none yet on this stage; decoding then continues as on the exporting stage.
-        Not into a context-parallel stage (its caches would need a CP split: refused)."""
-        if self.cp_group.size > 1:
-            raise ValueError(f"stage {self.layer_range}: importing caches into a stage split over "
-                             f"{self.cp_group.size} CP ranks is not supported yet")
+        Into a context-parallel stage ``positions`` gives every CP rank's tokens in row order (the
+        same on all of them, as :meth:`cache_positions` reports them afterwards) and ``tensors`` hold
+        this rank's rows of them (:mod:`vpp.kv.token_rows` says which)."""
+        g = self.cp_group
+        if (g.size > 1) != (positions is not None) or (positions is not None and len(positions) != g.size):
+            raise ValueError(f"stage {self.layer_range}: importing caches into a stage split over {g.size} CP ranks "
+                             f"takes the positions of each CP rank's rows, got "
+                             f"{None if positions is None else len(positions)} lists of positions")
         if self.cache_length(request) or request in self.requests():
             raise ValueError(f"stage {self.layer_range}: request {request!r} already has caches here")
         expected = {f"model.layers.{i}.self_attn.{part}" for i, layer in zip(range(*self.layer_range),
@@ -287,13 +292,21 @@ class Stage(nn.Module):
             problem = shape_problem(name, t.shape, str(t.dtype), *shapes[name])
             if problem:
                 raise ValueError(f"stage {self.layer_range}: KV hand-over for request {request!r}: {problem}")
+        layers = []
         for i, layer in zip(range(*self.layer_range), self.model.layers.values()):
             cache = layer.self_attn.cache
             parts = {part: tensors[f"model.layers.{i}.self_attn.{part}"] for part in cache.layouts}
             lengths = {t.shape[cache.layouts[part]] for part, t in parts.items()}
             if len(lengths) != 1:
                 raise ValueError(f"layer {i}: KV hand-over parts disagree on the token count: {lengths}")
+            if positions is not None and lengths != {len(positions[g.rank])}:
+                raise ValueError(f"layer {i}: CP rank {g.rank} imports {lengths.pop()} rows, its positions name "
+                                 f"{len(positions[g.rank])} tokens")
+            layers.append((cache, parts))
+        for cache, parts in layers:  # checked first: no layer is left holding the request alone
             cache.append(request, 0, **{part: t.to(self.rope.inv_freq.device) for part, t in parts.items()})
+        if positions is not None:
+            self._cp[request] = CPState(g.size, sum(len(p) for p in positions), [p.clone().cpu() for p in positions])
 
     def extra_repr(self) -> str:
         return f"layers=[{self.layer_range[0]}, {self.layer_range[1]}), first={self.is_first}, last={self.is_last}"

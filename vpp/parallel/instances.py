@@ -58,28 +58,30 @@ class Disaggregation:
 
 
 def disaggregated_sizes(prefill_tp: int, prefill_pp: int, decode_tp: int, decode_pp: int = 1, *,
-                        prefill_ep: int = 1, decode_ep: int = 1, prefill_cp: int = 1) -> tuple[GridSizes, GridSizes]:
-    """The two instances' grids (one pipeline each: dp = 1); the prefill's stages may be context-parallel
-    groups of ``prefill_cp`` ranks (its KV caches then sharded over them)."""
+                        prefill_ep: int = 1, decode_ep: int = 1, prefill_cp: int = 1,
+                        decode_cp: int = 1) -> tuple[GridSizes, GridSizes]:
+    """The two instances' grids (one pipeline each: dp = 1); either instance's stages may be
+    context-parallel groups of ``prefill_cp`` / ``decode_cp`` ranks (its KV caches then sharded over them)."""
     return (GridSizes(prefill_tp * prefill_cp * prefill_pp, tp=prefill_tp, pp=prefill_pp, ep=prefill_ep,
                       cp=prefill_cp),
-            GridSizes(decode_tp * decode_pp, tp=decode_tp, pp=decode_pp, ep=decode_ep))
+            GridSizes(decode_tp * decode_cp * decode_pp, tp=decode_tp, pp=decode_pp, ep=decode_ep, cp=decode_cp))
 
 
 def initialize_disaggregated(prefill_tp: int, prefill_pp: int, decode_tp: int, decode_pp: int = 1, *,
-                             prefill_ep: int = 1, decode_ep: int = 1, prefill_cp: int = 1) -> Disaggregation:
+                             prefill_ep: int = 1, decode_ep: int = 1, prefill_cp: int = 1,
+                             decode_cp: int = 1) -> Disaggregation:
     """Split the initialised world into a prefill and a decode instance (a collective: every rank
-    calls it). The world must hold exactly ``prefill_tp * prefill_cp * prefill_pp + decode_tp * decode_pp``
-    ranks."""
+    calls it). The world must hold exactly ``prefill_tp * prefill_cp * prefill_pp + decode_tp *
+    decode_cp * decode_pp`` ranks."""
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised; call vpp.parallel.init_distributed() first")
     sizes = disaggregated_sizes(prefill_tp, prefill_pp, decode_tp, decode_pp,
-                                prefill_ep=prefill_ep, decode_ep=decode_ep, prefill_cp=prefill_cp)
+                                prefill_ep=prefill_ep, decode_ep=decode_ep, prefill_cp=prefill_cp, decode_cp=decode_cp)
     world, rank = dist.get_world_size(), dist.get_rank()
     need = sum(s.world_size for s in sizes)
     if world != need:
-        raise ValueError(f"prefill tp={prefill_tp} x cp={prefill_cp} x pp={prefill_pp} plus decode tp={decode_tp} x pp={decode_pp} "
-                         f"needs {need} ranks, but the world has {world}")
+        raise ValueError(f"prefill tp={prefill_tp} x cp={prefill_cp} x pp={prefill_pp} plus decode tp={decode_tp} x "
+                         f"cp={decode_cp} x pp={decode_pp} needs {need} ranks, but the world has {world}")
     acc = accelerator_for_backend(str(dist.get_backend()).lower())
     local = acc.module().current_device() if acc.kind != "cpu" else 0
     ranks = instance_ranks(sizes)

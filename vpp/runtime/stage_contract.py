@@ -52,8 +52,9 @@ class StageModule(Protocol):
       only after a run that was not finite (to name it in the error).
     * ``cache_nbytes(request=None) -> int``: bytes its caches hold (``vpp prefill`` reports them).
     * KV hand-over (:mod:`vpp.kv`, :data:`HANDOVER`): ``requests()`` (the requests with caches here),
-      ``export_cache(request, copy=True)``, ``import_cache(request, tensors)``, ``cache_slices()``,
-      ``cache_shapes()``, as :class:`vpp.models.stage.Stage` documents them.
+      ``export_cache(request, copy=True)``, ``import_cache(request, tensors, positions=None)``
+      (``positions``: under CP, every CP rank's tokens), ``cache_slices()``, ``cache_shapes()``, as
+      :class:`vpp.models.stage.Stage` documents them.
 
     Context parallelism (groups with a CP group of several ranks; :data:`CONTEXT_PARALLEL`): a stage
     offers ``cp_group`` (the :class:`~vpp.parallel.groups.Group` it splits chunks over, checked to be
