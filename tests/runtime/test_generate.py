@@ -7,6 +7,12 @@ and TP 1, 2 (one spawned run per grid, every case inside it). Two requests decod
 decoded alone; a request's caches exported and imported into fresh stages decode on identically;
 seeded sampling gives the same tokens on every rank and across runs.
 
+A covering design, not the full product (:func:`_plan`): on TP 2 x PP 2 every model runs every schedule
+on both prompts, with the hand-over and seeded sampling; on each other grid every model runs one
+schedule, rotating so that the grid sees every schedule, on one prompt (alternating), and the model
+that gets vpp-async also hands over and samples there. So each (grid, family), (grid, schedule) and
+(family, schedule) pair is checked, and the hand-over and sampling on every grid.
+
 Prompts of 37 and 29 tokens in chunks of 8 (ragged), index_topk 8: DSA chunks and decode steps past
 8 keys attend to 8 selected keys, so the sparse path is exercised in both phases. At PP 3 a V has 6
 stages of one layer, which GLM-5's shared-indexer layers cannot start, so GLM runs there with an
@@ -21,6 +27,8 @@ import torch
 NEW = 16
 GRIDS = [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]  # (tp, pp)
 SCHEDULES = ("cpp", "dcpp", "vpp", "vpp-async")
+ALL = SCHEDULES + ("vpp-packed",)
+FULL = (2, 2)  # the grid that runs the full product of models and schedules
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +62,35 @@ def _cases(references, pp):
             if not (key[0] == "glm_moe_dsa" and (key[1] == 2) == (pp == 3))]
 
 
+def _plan(references, tp, pp):
+    """[(key, path, schedules, prompt names)] that grid (tp, pp) runs (the covering design above)."""
+    cases = _cases(references, pp)
+    if (tp, pp) == FULL:
+        return [(key, path, ALL, ("a", "b")) for key, path in cases]
+    shift = GRIDS.index((tp, pp))
+    plan = [(key, path, [ALL[(i + shift) % len(ALL)]], ("a", "b")[(i + shift) % 2:][:1])
+            for i, (key, path) in enumerate(cases)]
+    for j in range(len(cases), len(ALL)):  # fewer models than schedules (PP 3): the first ones take two
+        plan[j - len(cases)][2].append(ALL[(j + shift) % len(ALL)])
+    return [(key, path, tuple(scheds), names) for key, path, scheds, names in plan]
+
+
+def _expected(references, tp, pp):
+    """The (key, what) results grid (tp, pp) must return."""
+    out = set()
+    for key, _, schedules, names in _plan(references, tp, pp):
+        for schedule in schedules:
+            if schedule == "vpp-packed":
+                out |= {(key, "packed-a"), (key, "packed-b")}
+                continue
+            out |= {(key, f"{schedule}-{name}") for name in names}
+            if schedule == "vpp-async":
+                out |= {(key, "handover-a"), (key, "sampled")}
+    return out
+
+
 def _grid_run(rank, world, tp, pp, cases, prompts):
-    """Every case on this grid; returns {(model key, what): tokens} on global rank 0."""
+    """Every planned case on this grid; returns {(model key, what): tokens} on global rank 0."""
     from vpp.models.registry import open_model
     from vpp.models.run_layout import layout_for
     from vpp.parallel import initialize_model_parallel
@@ -63,9 +98,9 @@ def _grid_run(rank, world, tp, pp, cases, prompts):
 
     groups = initialize_model_parallel(tp, pp)
     results = {}
-    for key, path in cases:
+    for key, path, schedules, names in cases:
         model = open_model(path)
-        for schedule in SCHEDULES + ("vpp-packed",):
+        for schedule in schedules:
             stages = model.stages(layout_for(model, schedule, pp), groups)
             pipe = Pipeline(stages, groups, timeout_s=120)
             first = any(s.is_first for s in stages)
@@ -75,7 +110,7 @@ def _grid_run(rank, world, tp, pp, cases, prompts):
                 gen = pipe.generate(both, NEW, chunking, schedule=schedule)
                 results[(key, "packed-a")], results[(key, "packed-b")] = gen.tokens[0], gen.tokens[1]
                 continue
-            for name in ("a", "b"):
+            for name in names:
                 gen = pipe.generate(prompts[name] if first else None, NEW, chunking, schedule=schedule)
                 results[(key, f"{schedule}-{name}")] = gen.tokens[0]
             if schedule == "vpp-async":
@@ -119,7 +154,7 @@ def grid_results(references, worlds):
     prompts = next(iter(references.values()))[1]
     out = {}
     for tp, pp in GRIDS:
-        per_rank = worlds.run(tp * pp, _grid_run, tp, pp, _cases(references, pp), prompts, timeout=900)
+        per_rank = worlds.run(tp * pp, _grid_run, tp, pp, _plan(references, tp, pp), prompts, timeout=900)
         out[(tp, pp)] = per_rank[0]  # every rank's results, gathered
     return out
 
@@ -140,13 +175,39 @@ def test_greedy_generation_matches_transformers(references, grid_results, tp, pp
             checked += 1
         for rank, theirs in enumerate(everyone):  # every rank knows the same tokens
             assert theirs == mine, (tp, pp, rank)
-    assert checked >= len(_cases(references, pp)) * (2 * len(SCHEDULES) + 3)
+    assert set(mine) == _expected(references, tp, pp)
+    assert checked == len([w for w in mine if w[1] != "sampled"])
 
 
 @pytest.mark.slow
 def test_seeded_sampling_is_the_same_everywhere_and_every_time(references, grid_results):
     for (tp, pp), everyone in grid_results.items():
-        for key, _ in _cases(references, pp):
+        sampled = [key for key, what in _expected(references, tp, pp) if what == "sampled"]
+        assert sampled, (tp, pp)
+        for key in sampled:
             first, second = everyone[0][(key, "sampled")]
             assert first == second, (tp, pp, key)  # the same seed gives the same tokens again
             assert all(r[(key, "sampled")] == [first, second] for r in everyone)
+
+
+def test_the_design_covers_every_pair():
+    """Each (grid, model), (grid, schedule) and (family, schedule) pair runs somewhere, every grid hands
+    over and samples, and every model of the full grid runs every schedule on both prompts (GLM's
+    indexer-per-layer model runs only at PP 3, see the module docstring: its family's pairs come from
+    the sharing model)."""
+    from tests.models.hf_tiny import MODEL_TYPES
+    refs = {(m, f): (f"{m}-{f}", None, None) for m in MODEL_TYPES for f in ((2, 1) if m == "glm_moe_dsa" else (2,))}
+    grid_family, grid_schedule, family_schedule = set(), set(), set()
+    for tp, pp in GRIDS:
+        plan = _plan(refs, tp, pp)
+        assert [(k, p) for k, p, _, _ in plan] == _cases(refs, pp)
+        for key, _, schedules, names in plan:
+            grid_family.add((tp, pp, key))
+            grid_schedule |= {(tp, pp, s) for s in schedules}
+            family_schedule |= {(key[0], s) for s in schedules}  # GLM with or without shared indexers
+            assert (tp, pp) != FULL or (schedules, names) == (ALL, ("a", "b"))
+        whats = {w for _, w in _expected(refs, tp, pp)}
+        assert {"handover-a", "sampled"} <= whats, (tp, pp)
+    assert grid_family == {(tp, pp, key) for tp, pp in GRIDS for key, _ in _cases(refs, pp)}
+    assert grid_schedule == {(tp, pp, s) for tp, pp in GRIDS for s in ALL}
+    assert family_schedule == {(model_type, s) for model_type in MODEL_TYPES for s in ALL}
