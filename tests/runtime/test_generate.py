@@ -8,10 +8,11 @@ decoded alone; a request's caches exported and imported into fresh stages decode
 seeded sampling gives the same tokens on every rank and across runs.
 
 A covering design, not the full product (:func:`_plan`): on TP 2 x PP 2 every model runs every schedule
-on both prompts, with the hand-over and seeded sampling; on each other grid every model runs one
-schedule, rotating so that the grid sees every schedule, on one prompt (alternating), and the model
-that gets vpp-async also hands over and samples there. So each (grid, family), (grid, schedule) and
-(family, schedule) pair is checked, and the hand-over and sampling on every grid.
+(the prompt alternating, so each model and each schedule meets both), with the hand-over and seeded
+sampling; on each other grid every model runs one schedule, rotating so that the grid sees every
+schedule, on one prompt (alternating), and the model that gets vpp-async also hands over and samples
+there. So each (grid, model), (grid, schedule), (family, schedule) and (schedule, prompt) pair is
+checked, and the hand-over and sampling on every grid; vpp-packed always runs both prompts together.
 
 Prompts of 37 and 29 tokens in chunks of 8 (ragged), index_topk 8: DSA chunks and decode steps past
 8 keys attend to 8 selected keys, so the sparse path is exercised in both phases. At PP 3 a V has 6
@@ -63,24 +64,25 @@ def _cases(references, pp):
 
 
 def _plan(references, tp, pp):
-    """[(key, path, schedules, prompt names)] that grid (tp, pp) runs (the covering design above)."""
+    """[(key, path, ((schedule, prompt names), ...))] that grid (tp, pp) runs (the covering design above)."""
     cases = _cases(references, pp)
-    if (tp, pp) == FULL:
-        return [(key, path, ALL, ("a", "b")) for key, path in cases]
+    if (tp, pp) == FULL:  # every schedule, the prompt alternating between models and schedules
+        return [(key, path, tuple((s, (("a", "b")[(i + j) % 2],)) for j, s in enumerate(ALL)))
+                for i, (key, path) in enumerate(cases)]
     shift = GRIDS.index((tp, pp))
-    plan = [(key, path, [ALL[(i + shift) % len(ALL)]], ("a", "b")[(i + shift) % 2:][:1])
+    runs = [[ALL[(i + shift) % len(ALL)]] for i in range(len(cases))]
+    for j in range(len(cases), len(ALL)):  # fewer models than schedules: the first ones take two
+        runs[j - len(cases)].append(ALL[(j + shift) % len(ALL)])
+    return [(key, path, tuple((s, (("a", "b")[(i + shift + k) % 2],)) for k, s in enumerate(runs[i])))
             for i, (key, path) in enumerate(cases)]
-    for j in range(len(cases), len(ALL)):  # fewer models than schedules (PP 3): the first ones take two
-        plan[j - len(cases)][2].append(ALL[(j + shift) % len(ALL)])
-    return [(key, path, tuple(scheds), names) for key, path, scheds, names in plan]
 
 
 def _expected(references, tp, pp):
     """The (key, what) results grid (tp, pp) must return."""
     out = set()
-    for key, _, schedules, names in _plan(references, tp, pp):
-        for schedule in schedules:
-            if schedule == "vpp-packed":
+    for key, _, runs in _plan(references, tp, pp):
+        for schedule, names in runs:
+            if schedule == "vpp-packed":  # both prompts, as two requests
                 out |= {(key, "packed-a"), (key, "packed-b")}
                 continue
             out |= {(key, f"{schedule}-{name}") for name in names}
@@ -98,9 +100,9 @@ def _grid_run(rank, world, tp, pp, cases, prompts):
 
     groups = initialize_model_parallel(tp, pp)
     results = {}
-    for key, path, schedules, names in cases:
+    for key, path, runs in cases:
         model = open_model(path)
-        for schedule in schedules:
+        for schedule, names in runs:
             stages = model.stages(layout_for(model, schedule, pp), groups)
             pipe = Pipeline(stages, groups, timeout_s=120)
             first = any(s.is_first for s in stages)
@@ -191,23 +193,30 @@ def test_seeded_sampling_is_the_same_everywhere_and_every_time(references, grid_
 
 
 def test_the_design_covers_every_pair():
-    """Each (grid, model), (grid, schedule) and (family, schedule) pair runs somewhere, every grid hands
-    over and samples, and every model of the full grid runs every schedule on both prompts (GLM's
-    indexer-per-layer model runs only at PP 3, see the module docstring: its family's pairs come from
-    the sharing model)."""
+    """Each (grid, model), (grid, schedule), (family, schedule) and (schedule, prompt) pair runs somewhere,
+    every grid hands over and samples, and every model of the full grid runs every schedule, each model
+    and schedule there on both prompts (GLM's indexer-per-layer model runs only at PP 3, see the module
+    docstring: its family's pairs come from the sharing model)."""
     from tests.models.hf_tiny import MODEL_TYPES
     refs = {(m, f): (f"{m}-{f}", None, None) for m in MODEL_TYPES for f in ((2, 1) if m == "glm_moe_dsa" else (2,))}
-    grid_family, grid_schedule, family_schedule = set(), set(), set()
+    grid_model, grid_schedule, family_schedule, schedule_prompt = set(), set(), set(), set()
     for tp, pp in GRIDS:
         plan = _plan(refs, tp, pp)
-        assert [(k, p) for k, p, _, _ in plan] == _cases(refs, pp)
-        for key, _, schedules, names in plan:
-            grid_family.add((tp, pp, key))
-            grid_schedule |= {(tp, pp, s) for s in schedules}
-            family_schedule |= {(key[0], s) for s in schedules}  # GLM with or without shared indexers
-            assert (tp, pp) != FULL or (schedules, names) == (ALL, ("a", "b"))
+        assert [(k, p) for k, p, _ in plan] == _cases(refs, pp)
+        for key, _, runs in plan:
+            grid_model.add((tp, pp, key))
+            grid_schedule |= {(tp, pp, s) for s, _ in runs}
+            family_schedule |= {(key[0], s) for s, _ in runs}  # GLM with or without shared indexers
+            schedule_prompt |= {(s, n) for s, names in runs for n in names}
+            if (tp, pp) == FULL:
+                assert [s for s, _ in runs] == list(ALL)
+                assert {n for s, names in runs if s != "vpp-packed" for n in names} == {"a", "b"}, key
+        if (tp, pp) == FULL:
+            assert all({n for k, _, runs in plan for s, names in runs if s == s0 for n in names} == {"a", "b"}
+                       for s0 in ALL if s0 != "vpp-packed")
         whats = {w for _, w in _expected(refs, tp, pp)}
         assert {"handover-a", "sampled"} <= whats, (tp, pp)
-    assert grid_family == {(tp, pp, key) for tp, pp in GRIDS for key, _ in _cases(refs, pp)}
+    assert grid_model == {(tp, pp, key) for tp, pp in GRIDS for key, _ in _cases(refs, pp)}
     assert grid_schedule == {(tp, pp, s) for tp, pp in GRIDS for s in ALL}
     assert family_schedule == {(model_type, s) for model_type in MODEL_TYPES for s in ALL}
+    assert schedule_prompt == {(s, n) for s in ALL for n in "ab"}
