@@ -3,7 +3,8 @@ deepseek_v3, deepseek_v32 and glm_moe_dsa (tiny random models saved with ``save_
 
 Covered: chunk sizes 37 (whole prompt), 16 and 7 (ragged last chunk) and 1; logits at every position
 and the last token alone; TP = 1 in this process, TP = 2 on two spawned ranks with the experts
-TP-sharded (ep = 1) and spread over the ranks (ep = 2, both MoE dispatch modes); two requests
+TP-sharded (ep = 1) and spread over the ranks (ep = 2, both MoE dispatch modes; one token at a time on
+one of these layouts per family, rotating: ``tests.models.tp2.chunks_at_tp2``); two requests
 interleaved chunk by chunk on the same modules; a model split into pipeline stages. DSA models use
 index_topk = 8 < prompt, so chunks past the 8th token take the sparse (gathered top-k) path, and
 GLM's shared-indexer layers reuse the previous layer's selection.
@@ -22,12 +23,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.models.tp2 import CHUNKS, MOE_LAYOUTS, interleaved, prefill
+from tests.models.tp2 import CHUNKS, MODEL_TYPES, MOE_LAYOUTS, chunks_at_tp2, interleaved, prefill
 from vpp.models import load_stage, stage_starts
 from vpp.parallel import ParallelGroups
 
 TOL = dict(atol=1e-4, rtol=1e-4)
-MODEL_TYPES = ("qwen3_moe", "deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,9 @@ def test_pipeline_stages_chain_tp1(model_type, hf_cases):
 @pytest.mark.parametrize("ep,dispatch", MOE_LAYOUTS)
 def test_chunked_prefill_matches_transformers_tp2(model_type, ep, dispatch, tp2_results):
     for rank, res in enumerate(tp2_results):
-        for chunk in CHUNKS:
+        chunks = chunks_at_tp2(model_type, (ep, dispatch))
+        assert {k[-1] for k in res if k[:4] == (model_type, ep, dispatch, "chunk")} == set(chunks)
+        for chunk in chunks:
             error = res[(model_type, ep, dispatch, "chunk", chunk)]
             assert error < 1e-4, f"rank {rank}, chunk {chunk}: max abs error {error:.2e}"
         error = res[(model_type, ep, dispatch, "interleaved")]
@@ -105,3 +107,9 @@ def test_chunked_prefill_matches_transformers_tp2(model_type, ep, dispatch, tp2_
 def test_pipeline_stages_chain_tp2(model_type, tp2_results):
     for res in tp2_results:
         assert res[(model_type, "pipeline")] < 1e-4
+
+
+def test_one_token_chunks_reach_every_family_and_moe_layout_at_tp2():
+    ones = {(t, layout) for t in MODEL_TYPES for layout in MOE_LAYOUTS if 1 in chunks_at_tp2(t, layout)}
+    assert {t for t, _ in ones} == set(MODEL_TYPES) and {layout for _, layout in ones} == set(MOE_LAYOUTS)
+    assert all(set(chunks_at_tp2(t, layout)) >= set(CHUNKS) - {1} for t in MODEL_TYPES for layout in MOE_LAYOUTS)

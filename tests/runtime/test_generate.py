@@ -7,6 +7,13 @@ and TP 1, 2 (one spawned run per grid, every case inside it). Two requests decod
 decoded alone; a request's caches exported and imported into fresh stages decode on identically;
 seeded sampling gives the same tokens on every rank and across runs.
 
+A covering design, not the full product (:func:`_plan`): on TP 2 x PP 2 every model runs every schedule
+(the prompt alternating, so each model and each schedule meets both), with the hand-over and seeded
+sampling; on each other grid every model runs one schedule, rotating so that the grid sees every
+schedule, on one prompt (alternating), and the model that gets vpp-async also hands over and samples
+there. So each (grid, model), (grid, schedule), (family, schedule) and (schedule, prompt) pair is
+checked, and the hand-over and sampling on every grid; vpp-packed always runs both prompts together.
+
 Prompts of 37 and 29 tokens in chunks of 8 (ragged), index_topk 8: DSA chunks and decode steps past
 8 keys attend to 8 selected keys, so the sparse path is exercised in both phases. At PP 3 a V has 6
 stages of one layer, which GLM-5's shared-indexer layers cannot start, so GLM runs there with an
@@ -21,6 +28,8 @@ import torch
 NEW = 16
 GRIDS = [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]  # (tp, pp)
 SCHEDULES = ("cpp", "dcpp", "vpp", "vpp-async")
+ALL = SCHEDULES + ("vpp-packed",)
+FULL = (2, 2)  # the grid that runs the full product of models and schedules
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +63,36 @@ def _cases(references, pp):
             if not (key[0] == "glm_moe_dsa" and (key[1] == 2) == (pp == 3))]
 
 
+def _plan(references, tp, pp):
+    """[(key, path, ((schedule, prompt names), ...))] that grid (tp, pp) runs (the covering design above)."""
+    cases = _cases(references, pp)
+    if (tp, pp) == FULL:  # every schedule, the prompt alternating between models and schedules
+        return [(key, path, tuple((s, (("a", "b")[(i + j) % 2],)) for j, s in enumerate(ALL)))
+                for i, (key, path) in enumerate(cases)]
+    shift = GRIDS.index((tp, pp))
+    runs = [[ALL[(i + shift) % len(ALL)]] for i in range(len(cases))]
+    for j in range(len(cases), len(ALL)):  # fewer models than schedules: the first ones take two
+        runs[j - len(cases)].append(ALL[(j + shift) % len(ALL)])
+    return [(key, path, tuple((s, (("a", "b")[(i + shift + k) % 2],)) for k, s in enumerate(runs[i])))
+            for i, (key, path) in enumerate(cases)]
+
+
+def _expected(references, tp, pp):
+    """The (key, what) results grid (tp, pp) must return."""
+    out = set()
+    for key, _, runs in _plan(references, tp, pp):
+        for schedule, names in runs:
+            if schedule == "vpp-packed":  # both prompts, as two requests
+                out |= {(key, "packed-a"), (key, "packed-b")}
+                continue
+            out |= {(key, f"{schedule}-{name}") for name in names}
+            if schedule == "vpp-async":
+                out |= {(key, "handover-a"), (key, "sampled")}
+    return out
+
+
 def _grid_run(rank, world, tp, pp, cases, prompts):
-    """Every case on this grid; returns {(model key, what): tokens} on global rank 0."""
+    """Every planned case on this grid; returns {(model key, what): tokens} on global rank 0."""
     from vpp.models.registry import open_model
     from vpp.models.run_layout import layout_for
     from vpp.parallel import initialize_model_parallel
@@ -63,9 +100,9 @@ def _grid_run(rank, world, tp, pp, cases, prompts):
 
     groups = initialize_model_parallel(tp, pp)
     results = {}
-    for key, path in cases:
+    for key, path, runs in cases:
         model = open_model(path)
-        for schedule in SCHEDULES + ("vpp-packed",):
+        for schedule, names in runs:
             stages = model.stages(layout_for(model, schedule, pp), groups)
             pipe = Pipeline(stages, groups, timeout_s=120)
             first = any(s.is_first for s in stages)
@@ -75,7 +112,7 @@ def _grid_run(rank, world, tp, pp, cases, prompts):
                 gen = pipe.generate(both, NEW, chunking, schedule=schedule)
                 results[(key, "packed-a")], results[(key, "packed-b")] = gen.tokens[0], gen.tokens[1]
                 continue
-            for name in ("a", "b"):
+            for name in names:
                 gen = pipe.generate(prompts[name] if first else None, NEW, chunking, schedule=schedule)
                 results[(key, f"{schedule}-{name}")] = gen.tokens[0]
             if schedule == "vpp-async":
@@ -119,7 +156,7 @@ def grid_results(references, worlds):
     prompts = next(iter(references.values()))[1]
     out = {}
     for tp, pp in GRIDS:
-        per_rank = worlds.run(tp * pp, _grid_run, tp, pp, _cases(references, pp), prompts, timeout=900)
+        per_rank = worlds.run(tp * pp, _grid_run, tp, pp, _plan(references, tp, pp), prompts, timeout=900)
         out[(tp, pp)] = per_rank[0]  # every rank's results, gathered
     return out
 
@@ -140,13 +177,46 @@ def test_greedy_generation_matches_transformers(references, grid_results, tp, pp
             checked += 1
         for rank, theirs in enumerate(everyone):  # every rank knows the same tokens
             assert theirs == mine, (tp, pp, rank)
-    assert checked >= len(_cases(references, pp)) * (2 * len(SCHEDULES) + 3)
+    assert set(mine) == _expected(references, tp, pp)
+    assert checked == len([w for w in mine if w[1] != "sampled"])
 
 
 @pytest.mark.slow
 def test_seeded_sampling_is_the_same_everywhere_and_every_time(references, grid_results):
     for (tp, pp), everyone in grid_results.items():
-        for key, _ in _cases(references, pp):
+        sampled = [key for key, what in _expected(references, tp, pp) if what == "sampled"]
+        assert sampled, (tp, pp)
+        for key in sampled:
             first, second = everyone[0][(key, "sampled")]
             assert first == second, (tp, pp, key)  # the same seed gives the same tokens again
             assert all(r[(key, "sampled")] == [first, second] for r in everyone)
+
+
+def test_the_design_covers_every_pair():
+    """Each (grid, model), (grid, schedule), (family, schedule) and (schedule, prompt) pair runs somewhere,
+    every grid hands over and samples, and every model of the full grid runs every schedule, each model
+    and schedule there on both prompts (GLM's indexer-per-layer model runs only at PP 3, see the module
+    docstring: its family's pairs come from the sharing model)."""
+    from tests.models.hf_tiny import MODEL_TYPES
+    refs = {(m, f): (f"{m}-{f}", None, None) for m in MODEL_TYPES for f in ((2, 1) if m == "glm_moe_dsa" else (2,))}
+    grid_model, grid_schedule, family_schedule, schedule_prompt = set(), set(), set(), set()
+    for tp, pp in GRIDS:
+        plan = _plan(refs, tp, pp)
+        assert [(k, p) for k, p, _ in plan] == _cases(refs, pp)
+        for key, _, runs in plan:
+            grid_model.add((tp, pp, key))
+            grid_schedule |= {(tp, pp, s) for s, _ in runs}
+            family_schedule |= {(key[0], s) for s, _ in runs}  # GLM with or without shared indexers
+            schedule_prompt |= {(s, n) for s, names in runs for n in names}
+            if (tp, pp) == FULL:
+                assert [s for s, _ in runs] == list(ALL)
+                assert {n for s, names in runs if s != "vpp-packed" for n in names} == {"a", "b"}, key
+        if (tp, pp) == FULL:
+            assert all({n for k, _, runs in plan for s, names in runs if s == s0 for n in names} == {"a", "b"}
+                       for s0 in ALL if s0 != "vpp-packed")
+        whats = {w for _, w in _expected(refs, tp, pp)}
+        assert {"handover-a", "sampled"} <= whats, (tp, pp)
+    assert grid_model == {(tp, pp, key) for tp, pp in GRIDS for key, _ in _cases(refs, pp)}
+    assert grid_schedule == {(tp, pp, s) for tp, pp in GRIDS for s in ALL}
+    assert family_schedule == {(model_type, s) for model_type in MODEL_TYPES for s in ALL}
+    assert schedule_prompt == {(s, n) for s in ALL for n in "ab"}
