@@ -147,18 +147,16 @@ RUNS = _runs()
 @pytest.mark.parametrize("run", RUNS, ids=lambda r: r["id"])
 def test_every_distinct_deployment_scaled_down_runs_and_matches_the_reference(run, tiny_qwen_8, worlds, capsys):
     """The scaled command, checked as ``vpp prefill`` checks it, then run on a persistent world through
-    the command's own per-rank job (:func:`vpp.cli.prefill.rank_job`; rank pinning off: the world's ranks
-    serve later cases) and reported by :func:`vpp.cli.prefill.finish`: exit status 0 with ``--check``,
+    the command's own per-rank job (:func:`vpp.cli.prefill.rank_job`; ``--no-pin``: the world's ranks serve
+    later cases) and reported by :func:`vpp.cli.prefill.finish`: exit status 0 with ``--check``,
     every schedule's last-token logits within 1e-3 of the unpipelined forward (fp32)."""
-    import dataclasses
     import json
     args = _scaled_args(run["line"], tiny_qwen_8, run["cp"], run["tp"], run["pp"], seq_len=run["seq_len"],
                         chunk=run["chunk"], schedule=",".join(run["schedules"]) if run["pp"] > 1 else None,
-                        extra=("--check", "--repeat", "1", "--no-warmup", "--no-progress", "--json"))
+                        extra=("--check", "--repeat", "1", "--no-warmup", "--no-progress", "--json", "--no-pin"))
     prefill.check(args)
     fn, ranks, job = prefill.rank_job(args)
-    if hasattr(job, "pin"):
-        job = dataclasses.replace(job, pin=False)
+    assert getattr(job, "pin", False) is False  # --no-pin reaches the pipeline's job (CP alone never pins)
     assert ranks == run["cp"] * run["tp"] * run["pp"] <= 4
     out = worlds.run(ranks, fn, job, timeout=300)[0]
     assert prefill.finish(args, job, out) == 0

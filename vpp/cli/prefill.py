@@ -101,6 +101,9 @@ def add_arguments(p) -> None:
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the untimed warm-up run of each schedule (two chunks; with --repeat 1 a short "
                         "prompt of at most 256 tokens, so a long prompt is not computed twice)")
+    p.add_argument("--no-pin", action="store_true",
+                   help="leave the CPU ranks unpinned (default: CPU rank r runs on core r when there are as "
+                        "many cores as ranks)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="auto: a model directory's config torch_dtype, float32 for the built-in models; "
                         "16 bits (bf16) on an accelerator")
@@ -211,7 +214,8 @@ def _config(args):
                        trace_dir=args.trace, save_logits=args.save_logits, prompt=args.prompt,
                        progress=None if args.no_progress else progress_bar, cached_prefix=args.cached_prefix,
                        dcpp_mode=args.dcpp_mode, dcpp_min_chunk=args.dcpp_min_chunk, layouts=args.layouts,
-                       cp=args.cp, cp_attention=args.cp_attention, taper=(args.taper_head, args.taper_tail))
+                       cp=args.cp, cp_attention=args.cp_attention, taper=(args.taper_head, args.taper_tail),
+                       pin=not args.no_pin)
 
 
 def _worker(rank: int, world: int, cfg):
