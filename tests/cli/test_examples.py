@@ -100,8 +100,9 @@ def test_generate_under_torchrun_streams_the_tokens_of_spawned_ranks(generated):
 
 def test_generate_decodes_on_another_group_and_from_a_kv_directory(tmp_path):
     """`vpp generate --decode-tp 2` after a TP1 x PP2 vpp-async prefill, and the directory round trip
-    (--save-kv on TP1 x PP2, --load-kv on TP2 x PP1), against transformers' greedy generate (DeepSeek-V3.2:
-    MLA latents and DSA indexer keys; tests/kv/test_handover.py covers every family through the API)."""
+    (--save-kv on CP2 x PP2, each CP rank writing its token shard, --load-kv on TP2 x PP1), against
+    transformers' greedy generate (DeepSeek-V3.2: MLA latents and DSA indexer keys; tests/kv/test_handover.py
+    and test_cp_handover.py cover the families and layouts through the API)."""
     import json
 
     import torch
@@ -113,8 +114,9 @@ def test_generate_decodes_on_another_group_and_from_a_kv_directory(tmp_path):
     common = ["--model", str(path), "--max-new-tokens", "12", "--json", "--chunk-size", "8"]
     moved = json.loads(_run("-m", "vpp", "generate", *common, "--seq-len", "37", "--tp", "1", "--pp", "2",
                             "--schedule", "vpp-async", "--decode-tp", "2"))
-    saved = json.loads(_run("-m", "vpp", "generate", *common, "--seq-len", "37", "--tp", "1", "--pp", "2",
+    saved = json.loads(_run("-m", "vpp", "generate", *common, "--seq-len", "37", "--cp", "2", "--pp", "2",
                             "--schedule", "vpp-async", "--save-kv", str(tmp_path / "kv")))
+    assert json.loads((tmp_path / "kv" / "manifest.json").read_text())["writer"]["cp"] == 2
     loaded = json.loads(_run("-m", "vpp", "generate", *common, "--tp", "2", "--pp", "1", "--load-kv",
                              str(tmp_path / "kv")))
     ids = torch.tensor(moved["prompt_ids"])
