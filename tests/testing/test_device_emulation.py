@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import json
+import time
 
 import pytest
 
@@ -103,6 +104,36 @@ def test_a_failed_rank_stops_its_peer_within_the_timeout_naming_it():
     assert "injected" in str(errors[1])
     # the ranks share a store (issue 33): rank 0 reads rank 1's notice instead of waiting out the timeout
     assert isinstance(errors[0], ExecutionError) and errors[0].global_rank == 1
+    assert "because pipeline rank 1 (global rank 1) raised RuntimeError: injected" in str(errors[0])
+
+
+def test_a_transfer_that_breaks_after_a_peers_failure_names_the_peer():
+    """A transfer to a peer that failed and closed its connections raises at once (gloo's "connection
+    closed by peer"), before any wait could read the peer's notice: the rank still names the peer and
+    its error, not itself (seen once in CI under VPP-Async)."""
+    run = EmulatedRun(_plan("cpp", 2), _cost(), timeout_s=30.0)
+
+    def broken(x, request, offset, last_token_only=False):
+        raise RuntimeError("injected")
+
+    run.stages[1][1].forward = broken
+    ops, send = run.ops[0], run.ops[0].isend
+
+    def closed_by_peer(x, peer, group):
+        sent = getattr(closed_by_peer, "sent", 0)
+        closed_by_peer.sent = sent + 1
+        if sent == 0:  # the first chunk goes through; rank 1 fails on it
+            return send(x, peer, group)
+        deadline = time.monotonic() + 20
+        while not ops.store.check([f"vpp/run/emulated-{id(run)}/failed"]) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:1234")
+
+    ops.isend = closed_by_peer
+    with pytest.raises(EmulationError) as info:
+        run.run()
+    errors = info.value.errors
+    assert isinstance(errors[0], ExecutionError) and errors[0].global_rank == 1, errors[0]
     assert "because pipeline rank 1 (global rank 1) raised RuntimeError: injected" in str(errors[0])
 
 

@@ -202,6 +202,13 @@ class Executor:
             self._abort()
             raise
         except Exception as exc:
+            culprit, earlier = self.watchdog.failure()
+            if earlier is not None and culprit != self.groups.global_rank:
+                # another rank failed first and this one's error follows from it (a transfer to a peer
+                # that closed its connections raises at once, before any wait reads the notice): name it
+                self._abort()
+                raise ExecutionError(f"{self._where(step, action, 'stopped')} because {earlier}", rank=self.me,
+                                     action=str(action), global_rank=culprit) from exc
             notice = self._where(step, action, f"raised {type(exc).__name__}: {exc}")
             self.watchdog.notify_failure(notice, self.groups.global_rank)
             self._abort()

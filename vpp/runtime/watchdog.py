@@ -147,6 +147,10 @@ class Watchdog:
     def failure_notice(self) -> str | None:
         return self._notice()[1]
 
+    def failure(self) -> tuple[int | None, str | None]:
+        """The run's failure notice as (the global rank at fault or None, the message), or (None, None)."""
+        return self._notice()
+
     def _notice(self) -> tuple[int | None, str | None]:
         """The run's failure notice: (the global rank at fault or None, the message), or (None, None)."""
         if self.store is None:
