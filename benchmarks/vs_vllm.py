@@ -319,9 +319,9 @@ def agreement(logits, tokens: list[int]) -> dict:
     if not all(hits):
         j = hits.index(False)
         row = logits[j]
+        first, second = row.topk(2).values.tolist()
         out.update(first_departure=j + 1, rank=int((row > row[tokens[j]]).sum()) + 1,
-                   below_top=float(row.max() - row[tokens[j]]),
-                   top_margin=float(row.topk(2).values[0] - row.topk(2).values[1]))
+                   below_top=first - float(row[tokens[j]]), top_margin=first - second)
     return out
 
 
