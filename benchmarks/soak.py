@@ -61,8 +61,12 @@ def _children(pid: int) -> list[int]:
                 cmd = f.read()
         except OSError:
             continue
-        if int(fields[1]) == pid and fields[0] != "Z" and b"resource_tracker" not in cmd:
-            out.append(int(entry))
+        if int(fields[1]) != pid or fields[0] == "Z" or b"resource_tracker" in cmd:
+            continue
+        if b"multiprocessing.forkserver" in cmd:  # vpp's rank server stays with its launcher; its ranks count
+            out.extend(_children(int(entry)))
+            continue
+        out.append(int(entry))
     return out
 
 

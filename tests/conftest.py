@@ -25,8 +25,9 @@ from tests.worlds import LIVE, Worlds
 
 
 def _children() -> set[int]:
-    """Live child processes of this pytest process (Linux /proc; empty elsewhere)."""
-    me, out = os.getpid(), set()
+    """Live child processes of this pytest process, and of its rank server (spawned ranks are forks
+    of it: vpp.parallel.spawn.rank_context) (Linux /proc; empty elsewhere)."""
+    me, parents, out = os.getpid(), {}, set()
     try:
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -36,26 +37,35 @@ def _children() -> set[int]:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) != me or fields[0] == "Z":
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read()
-            except OSError:
-                continue
-            if b"resource_tracker" in cmd:  # multiprocessing's one shared helper, not a rank
-                continue
-            if int(entry) in LIVE:  # a persistent world's rank (tests/worlds.py): the session ends it
-                continue
-            out.add(int(entry))
+            if fields[0] != "Z":
+                parents[int(entry)] = int(fields[1])
     except FileNotFoundError:
-        pass
-    return out
+        return out
+    servers = set()
+    for pid, parent in parents.items():
+        if parent != me:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"resource_tracker" in cmd:  # multiprocessing's one shared helper, not a rank
+            continue
+        if b"multiprocessing.forkserver" in cmd:  # the rank server lives for the session: its children count
+            servers.add(pid)
+            continue
+        out.add(pid)
+    out |= {pid for pid, parent in parents.items() if parent in servers}
+    return out - LIVE  # a persistent world's rank (tests/worlds.py): the session ends it
 
 
 def pytest_configure(config):
     config._vpp_mpl_dir = tempfile.mkdtemp(prefix="vpp-tests-mpl-")
     os.environ["MPLCONFIGDIR"] = config._vpp_mpl_dir  # spawned ranks and subprocesses inherit it
+    # what the suite's rank functions import, imported once by the rank server instead of by every rank
+    from vpp.parallel.spawn import preload
+    preload("pytest", "transformers", "tests.models.hf_tiny", "tests.worlds")
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -70,12 +80,16 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="session", autouse=True)
 def _resource_tracker(request):
-    """multiprocessing's resource tracker is one helper process per interpreter, started by the first
-    spawned queue and kept for the session: when slow tests will run, start it before any test, so it
-    is never counted as a process some test left behind (whichever test happens to spawn ranks first)."""
+    """multiprocessing's resource tracker and vpp's rank server (a forkserver) are helper processes
+    started by the first spawned queue or rank and kept for the session: when slow tests will run,
+    start them before any test, so neither is counted as a process some test left behind (whichever
+    test happens to spawn ranks first)."""
     if any(item.get_closest_marker("slow") for item in request.session.items):
-        from multiprocessing import resource_tracker
+        from multiprocessing import forkserver, resource_tracker
+        from vpp.parallel.spawn import rank_context
         resource_tracker.ensure_running()
+        if rank_context().get_start_method() == "forkserver":
+            forkserver.ensure_running()
     yield
 
 

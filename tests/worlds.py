@@ -1,7 +1,8 @@
 """Persistent gloo worlds for the slow tier: ranks spawned once per world size and reused by many cases.
 
-Spawning a world costs every rank an interpreter, the torch import and the rendezvous (seconds of CPU
-each); ``run_distributed`` pays it per call. A :class:`World` pays it once: its ranks initialise the
+Ranks are forks of vpp's rank server (:func:`vpp.parallel.spawn.rank_context`, which has torch and vpp
+imported), so starting one is cheap; what a world saves is the rendezvous and the process group, and a
+case's imports, per call of ``run_distributed``. A :class:`World` pays them once: its ranks initialise the
 default process group, then serve cases, ``fn(rank, world_size, *args)`` like ``run_distributed``'s,
 until the session ends. The ``worlds`` fixture (tests/conftest.py) hands out one world per size.
 
@@ -34,19 +35,21 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from vpp.parallel.device import get_accelerator
 from vpp.parallel.rendezvous import init_distributed
-from vpp.parallel.spawn import RankFailure, _die_with_parent
+from vpp.parallel.spawn import RankFailure, _die_with_parent, rank_context
 
 LIVE: set[int] = set()  # pids of world ranks: tests/conftest.py does not count them as left behind
 GRACE_S = 30.0  # after a rank raised, how long its peers have to answer (vpp's own waits stop them first)
 _SEED = 67280421310721  # torch's default seed in a fresh process (torch.initial_seed())
 
 
-def _serve(rank: int, size: int, init_file: str, tasks, results, parent_pid: int, pg_timeout_s: float) -> None:
+def _serve(rank: int, size: int, init_file: str, tasks, results, parent_pid: int, pg_timeout_s: float,
+           environ: dict[str, str]) -> None:
     _die_with_parent(parent_pid)
+    os.environ.clear()  # the suite's environment when the world started, not the rank server's
+    os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the parent stops us
     torch.set_num_threads(1)
     try:
@@ -93,14 +96,14 @@ class World:
         self.spawns = 0  # how many times this world's ranks were started (1 unless a case broke it)
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = rank_context()  # forked from the rank server (vpp.parallel.spawn): no interpreter start-up
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(self.size)]
         self.tmp = tempfile.TemporaryDirectory(prefix="vpp-world-")
         init_file = os.path.join(self.tmp.name, "rendezvous")
         self.procs = [ctx.Process(target=_serve, daemon=True,
                                   args=(r, self.size, init_file, self.tasks[r], self.results, os.getpid(),
-                                        self.pg_timeout_s))
+                                        self.pg_timeout_s, dict(os.environ)))
                       for r in range(self.size)]
         for p in self.procs:
             p.start()

@@ -142,11 +142,27 @@ def _start_prefill(tmp_path: Path) -> tuple[subprocess.Popen, set[int]]:
     deadline = time.monotonic() + START_S  # two interpreters importing torch on a loaded machine
     ranks: set[int] = set()
     while time.monotonic() < deadline and len(ranks) < 2:
-        ranks = {p for p in _children(proc.pid) if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()}
+        ranks = _ranks_of(proc.pid)
         time.sleep(0.2)
     assert len(ranks) == 2, f"ranks did not start: {ranks}"
     time.sleep(3)  # let them get into the prefill
     return proc, ranks
+
+
+def _ranks_of(pid: int) -> set[int]:
+    """The ranks a launcher started: its children, or the children of its rank server (a forkserver,
+    vpp.parallel.spawn.rank_context), multiprocessing's resource tracker and the server itself aside."""
+    out = set()
+    for child in _children(pid):
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"multiprocessing.forkserver" in cmd:
+            out |= _children(child)
+        elif b"resource_tracker" not in cmd:
+            out.add(child)
+    return out
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["SIGTERM", "SIGINT", "SIGKILL"])

@@ -59,23 +59,68 @@ class RankFailure(RuntimeError):
         self.summary = summary or message.strip().splitlines()[0]  # one line, for a command's error
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by someone else
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # no /proc (not Linux): kill(0) said it exists
+        return True
+
+
 def _die_with_parent(parent_pid: int) -> None:
-    """Make this process end when ``parent_pid`` does (SIGKILL of the parent included)."""
+    """Make this process end when ``parent_pid`` (the process that launched the ranks) does, SIGKILL
+    included. A rank forked by the rank server (:func:`rank_context`) is the server's child, and the
+    server exits when the launcher does: the kernel's parent-death signal covers the direct parent,
+    and a watcher thread covers both (and other systems than Linux)."""
     if sys.platform.startswith("linux"):
         try:
             PR_SET_PDEATHSIG = 1
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except Exception:  # no libc prctl: the watcher thread below still applies
             pass
-    if os.getppid() != parent_pid:  # the parent died before the request took effect
-        os._exit(1)
+    direct = os.getppid()
+    if not _alive(parent_pid) or (direct != parent_pid and not _alive(direct)) or direct == 1:
+        os._exit(1)  # the parent died before the request took effect
 
     def watch() -> None:
-        while os.getppid() == parent_pid:
+        while os.getppid() == direct and _alive(parent_pid):
             time.sleep(0.5)
         os._exit(1)
 
     threading.Thread(target=watch, name="vpp-parent-watch", daemon=True).start()
+
+
+# Where spawned ranks start from. Where the platform has one (Linux, macOS), a forkserver: a server
+# process, started once per launching process, imports torch and vpp's rank-side modules once, and
+# each rank is a fork of it: milliseconds, where a spawned rank starts an interpreter and imports
+# torch (seconds of CPU each, paid by every rank of every launch). The server never runs a torch op,
+# so a fork of it is as clean as a fresh interpreter (no OpenMP pool, no device context); each rank
+# takes the launcher's current environment (:func:`_rank_main`), as a spawned one would.
+PRELOAD = ("torch", "torch.distributed", "vpp.models", "vpp.runtime", "vpp.kv", "vpp.cli")
+_preload: list[str] = list(PRELOAD)
+
+
+def preload(*modules: str) -> None:
+    """Add modules for the rank server to import once (those the function you launch imports, say);
+    takes effect if called before the first rank of this process starts. A module that fails to import
+    there is imported by each rank instead."""
+    _preload.extend(m for m in modules if m not in _preload)
+
+
+def rank_context():
+    """The multiprocessing context spawned ranks start from: the forkserver (above), else spawn."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(_preload))
+    return ctx
 
 
 def check_device_count(acc: Accelerator, ranks: int, *, host_ids: Sequence[str] | None = None) -> None:
@@ -95,8 +140,12 @@ def check_device_count(acc: Accelerator, ranks: int, *, host_ids: Sequence[str] 
 def _rank_main(
     rank: int, world_size: int, init_file: str, fn: Callable, args: tuple, results: Any,
     threads: int, pg_timeout_s: float, kind: str, parent_pid: int, startup_timeout: float,
+    environ: dict[str, str] | None = None,
 ) -> None:
     _die_with_parent(parent_pid)
+    if environ is not None:  # the launcher's environment now, not the rank server's from when it started
+        os.environ.clear()
+        os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     try:
         torch.set_num_threads(threads)
@@ -160,7 +209,7 @@ def run_distributed(
     check_launch(world_size, timeout=timeout, startup_timeout=startup_timeout, pg_timeout_s=pg_timeout_s)
     acc = get_accelerator(device)
     check_device_count(acc, world_size)
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="vpp-rdzv-") as tmp, _stop_on_sigterm():
         init_file = os.path.join(tmp, "rendezvous")
@@ -168,7 +217,7 @@ def run_distributed(
             ctx.Process(
                 target=_rank_main,
                 args=(r, world_size, init_file, fn, args, results, threads, pg_timeout_s or timeout, acc.kind,
-                      os.getpid(), startup_timeout),
+                      os.getpid(), startup_timeout, dict(os.environ)),
                 daemon=True,
             )
             for r in range(world_size)
@@ -341,5 +390,5 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
 
 __all__ = [
     "RankFailure", "announce_start_failure", "check_device_count", "check_launch", "check_same_on_every_rank",
-    "init_distributed", "launch", "launched_by_torchrun", "run_distributed",
+    "init_distributed", "launch", "launched_by_torchrun", "preload", "rank_context", "run_distributed",
 ]

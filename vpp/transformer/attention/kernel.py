@@ -52,7 +52,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch.nn.attention.bias import causal_lower_right
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 Partial = tuple[torch.Tensor, torch.Tensor]  # (output [H, Lq, Dv], log-sum-exp [H, Lq] fp32)
@@ -155,6 +154,8 @@ def _sdpa(q, k, v, scale):
     if route == "expand-kv":
         group = q.shape[0] // k.shape[0]
         k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    if route != "causal":  # imported here: torch.nn.attention.bias imports TorchDynamo (a second per process)
+        from torch.nn.attention.bias import causal_lower_right
     mask = None if route == "causal" else causal_lower_right(lq, lk)  # lazy: a fused kernel takes it as is
     out = F.scaled_dot_product_attention(
         q[None], k[None], v[None], attn_mask=mask, is_causal=route == "causal", scale=scale,
