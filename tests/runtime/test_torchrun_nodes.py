@@ -21,13 +21,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.runtime.fault_job import HEARTBEAT
+
 pytestmark = pytest.mark.slow  # every test here starts processes
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "runtime" / "fault_job.py"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-# start-up of two launchers and two interpreters importing torch on a loaded 2-core machine, then a toy
-# run of a few seconds; a rank that waited out the start-up timeout (300 s) would pass this bound
+# start-up of two launchers and two interpreters importing torch on a loaded 2-core machine (three runs
+# at once for the deaths below), then a toy run of a few seconds; a rank that waited out the start-up
+# timeout (300 s) would pass this bound
 BOUND_S = 120.0
 PREFILL = ["prefill", "--model", "toy", "--pp", "2", "--chunk-size", "16", "--repeat", "1", "--no-warmup",
            "--schedule", "vpp", "--timeout", "30"]
@@ -46,6 +49,7 @@ class TwoNodes:
     def __init__(self, tmp: Path, args0: list[str], args1: list[str], program: tuple[str, ...] = ("-m", "vpp"),
                  cwd: tuple[Path, Path] = (ROOT, ROOT)):
         port, self.tmp, self.procs = _free_port(), tmp, []
+        self.deadline = time.monotonic() + BOUND_S
         for node, args in enumerate((args0, args1)):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                    "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
@@ -55,8 +59,8 @@ class TwoNodes:
                                                    start_new_session=True))
 
     def wait(self) -> list[int]:
-        deadline = time.monotonic() + BOUND_S
-        return [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in self.procs]
+        """Both launchers' exit codes, once both ended, within BOUND_S of their start."""
+        return [p.wait(timeout=max(1.0, self.deadline - time.monotonic())) for p in self.procs]
 
     def err(self, node: int) -> str:
         return (self.tmp / f"err{node}").read_text()
@@ -142,24 +146,43 @@ def test_a_rank_that_fails_its_checks_stops_the_other_node_at_the_start(nodes):
         run.err(0)[-2000:]
 
 
+DEATHS = ("die-loading", "die-groups", "die-collective")  # fault_job.py's modes that SIGKILL node 1's rank
+
+
+@pytest.fixture(scope="module")
+def deaths(request, tmp_path_factory):
+    """The runs of the test below that its selected cases read (``{mode: TwoNodes}``), all started at
+    once: each mostly waits (for a silent heartbeat, a blocked rank's grace, the launchers stopping), and
+    their waits overlap instead of adding up."""
+    wanted = {item.callspec.params["mode"] for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")
+              and item.callspec.params.get("mode") in DEATHS}
+    runs = {}
+    for mode in sorted(wanted):
+        out = tmp_path_factory.mktemp(mode)
+        runs[mode] = TwoNodes(out, [mode, "300", str(out)], [mode, "300", str(out)], program=(str(JOB),))
+    yield runs
+    for run in runs.values():
+        run.stop()
+
+
 @pytest.mark.parametrize("mode,said", [
     ("die-loading", "global rank 0 stopped at the start-up exchange because global rank 1 died while running its "
                     "work, after the process group was created (no heartbeat for "),
     ("die-groups", "ending it: global rank 1 died while running its work, after the process group was created"),
     ("die-collective", "RankFailure: global rank 1 died while running its work, after the process group was created "
-                       "(no heartbeat for 3s); global rank 0 lost it: RuntimeError: "),
+                       f"(no heartbeat for {3 * HEARTBEAT['beat_s']:g}s); global rank 0 lost it: RuntimeError: "),
 ], ids=["die-loading", "die-groups", "die-collective"])
-def test_a_rank_killed_at_the_start_stops_the_other_node_naming_it(nodes, tmp_path, mode, said):
+def test_a_rank_killed_at_the_start_stops_the_other_node_naming_it(deaths, mode, said):
     """Node 1's rank is SIGKILLed once the ranks met: after building its stages while node 0's waits for
     it at the start-up exchange (as for a peer loading a checkpoint), or while node 0's rank creates the
     model-parallel groups with it (blocked inside torch), or while node 0's rank waits for it in a
     collective. torchrun stops node 1 only; before, node 0's rank waited out the exchange's or the
     process group's timeout (300 s here, past BOUND_S), or failed at once with gloo's "Connection reset
     by peer [address]", naming no rank. Now the dead rank's silent heartbeat ends it within seconds,
-    naming rank 1 and what it was doing."""
-    out = tmp_path / mode
-    out.mkdir()
-    run = nodes([mode, "300", str(out)], [mode, "300", str(out)], program=(str(JOB),))
+    naming rank 1 and what it was doing (the job beats faster than the library by default:
+    ``fault_job.HEARTBEAT``)."""
+    run = deaths[mode]
     codes = run.wait()
     assert codes[0] != 0 and codes[1] != 0, (run.err(0)[-2000:], run.err(1)[-2000:])
     assert said in run.err(0), run.err(0)[-3000:]
