@@ -101,10 +101,51 @@ def nodes(tmp_path):
         n.stop()
 
 
-def test_an_argument_that_differs_between_nodes_fails_every_rank_naming_it(nodes):
-    """Before: the ranks ran with different prompts (a layout that differs, a confusing pipeline error,
-    or, with the same layout, a run that silently reported node 0's prompt length)."""
-    run = nodes([*PREFILL, "--seq-len", "64"], [*PREFILL, "--seq-len", "128"])
+def _selected(request, name: str) -> bool:
+    """Whether this session runs the test ``name`` of the requesting module."""
+    return any(item.module is request.module and getattr(item, "originalname", item.name) == name
+               for item in request.session.items)
+
+
+def _checkpoints(tmp: Path) -> tuple[Path, Path]:
+    """Two working directories whose ``model`` holds checkpoints of the same shapes, other weights."""
+    from vpp.models import random_checkpoint, save_checkpoint
+    from vpp.models.tiny import TINY_CONFIGS
+    cfg = TINY_CONFIGS["tiny-qwen"]
+    for node, seed in (("a", 0), ("b", 1)):
+        save_checkpoint(cfg, random_checkpoint(cfg, seed), tmp / node / "model")
+    return tmp / "a", tmp / "b"
+
+
+@pytest.fixture(scope="module")
+def early(request, tmp_path_factory):
+    """The runs of the three tests below that fail at the start (those selected, by test name), started
+    at once: each mostly waits (the stopped rank's grace, the launchers stopping), and the waits overlap."""
+    runs = {}
+    name = "test_an_argument_that_differs_between_nodes_fails_every_rank_naming_it"
+    if _selected(request, name):
+        runs[name] = TwoNodes(tmp_path_factory.mktemp("differs"), [*PREFILL, "--seq-len", "64"],
+                              [*PREFILL, "--seq-len", "128"])
+    name = "test_the_same_model_path_holding_other_checkpoints_fails_every_rank_naming_it"
+    if _selected(request, name):
+        tmp = tmp_path_factory.mktemp("checkpoints")
+        args = ["prefill", "--model", "model", "--pp", "2", "--seq-len", "32", "--chunk-size", "16", "--repeat", "1",
+                "--no-warmup", "--schedule", "cpp", "--timeout", "30"]
+        runs[name] = TwoNodes(tmp, args, args, cwd=_checkpoints(tmp))
+    name = "test_a_rank_that_fails_its_checks_stops_the_other_node_at_the_start"
+    if _selected(request, name):
+        runs[name] = TwoNodes(tmp_path_factory.mktemp("checks"), [*PREFILL, "--seq-len", "64"],
+                              [*PREFILL, "--seq-len", "64", "--cached-prefix", "64"])
+    yield runs
+    for run in runs.values():
+        run.stop()
+
+
+def test_an_argument_that_differs_between_nodes_fails_every_rank_naming_it(early):
+    """``--seq-len`` 64 on node 0, 128 on node 1. Before: the ranks ran with different prompts (a layout
+    that differs, a confusing pipeline error, or, with the same layout, a run that silently reported
+    node 0's prompt length)."""
+    run = early["test_an_argument_that_differs_between_nodes_fails_every_rank_naming_it"]
     codes = run.wait()
     assert codes[0] != 0 and codes[1] != 0, (run.err(0)[-2000:], run.err(1)[-2000:])
     said = ("vpp prefill: error: global rank(s) [1] of 2 were started with other arguments than global rank 0: "
@@ -113,31 +154,25 @@ def test_an_argument_that_differs_between_nodes_fails_every_rank_naming_it(nodes
         assert said in run.err(node), run.err(node)[-2000:]
 
 
-def test_the_same_model_path_holding_other_checkpoints_fails_every_rank_naming_it(nodes, tmp_path):
+def test_the_same_model_path_holding_other_checkpoints_fails_every_rank_naming_it(early):
     """``--model model`` on both nodes, resolving to checkpoints of the same shapes with other weights.
     Before: exit 0 with logits off by up to 4.9 (or, with other widths, SIGABRT in gloo naming no model)."""
-    from vpp.models import random_checkpoint, save_checkpoint
     from vpp.models.safetensors_files import checkpoint_digest
-    from vpp.models.tiny import TINY_CONFIGS
-    cfg = TINY_CONFIGS["tiny-qwen"]
-    for node, seed in (("a", 0), ("b", 1)):
-        save_checkpoint(cfg, random_checkpoint(cfg, seed), tmp_path / node / "model")
-    args = ["prefill", "--model", "model", "--pp", "2", "--seq-len", "32", "--chunk-size", "16", "--repeat", "1",
-            "--no-warmup", "--schedule", "cpp", "--timeout", "30"]
-    run = nodes(args, args, cwd=(tmp_path / "a", tmp_path / "b"))
+    run = early["test_the_same_model_path_holding_other_checkpoints_fails_every_rank_naming_it"]
     codes = run.wait()
     assert codes[0] != 0 and codes[1] != 0, (run.err(0)[-2000:], run.err(1)[-2000:])
-    digest = {n: checkpoint_digest(tmp_path / n / "model") for n in "ab"}
+    digest = {n: checkpoint_digest(run.tmp / n / "model") for n in "ab"}
     said = (f"global rank 1 has --model 'model (checkpoint digest {digest['b']})' (global rank 0: 'model "
             f"(checkpoint digest {digest['a']})')")
     for node in (0, 1):
         assert said in run.err(node), run.err(node)[-2000:]
 
 
-def test_a_rank_that_fails_its_checks_stops_the_other_node_at_the_start(nodes):
-    """Node 1's rank refuses its arguments before it joins; node 0's rank, waiting at the start-up
-    rendezvous, stops at once naming it (before: it waited out the 300 s start-up timeout)."""
-    run = nodes([*PREFILL, "--seq-len", "64"], [*PREFILL, "--seq-len", "64", "--cached-prefix", "64"])
+def test_a_rank_that_fails_its_checks_stops_the_other_node_at_the_start(early):
+    """Node 1's rank refuses its arguments (``--cached-prefix`` as long as the prompt) before it joins;
+    node 0's rank, waiting at the start-up rendezvous, stops at once naming it (before: it waited out
+    the 300 s start-up timeout)."""
+    run = early["test_a_rank_that_fails_its_checks_stops_the_other_node_at_the_start"]
     codes = run.wait()
     assert codes[0] != 0 and codes[1] != 0
     own = "vpp prefill: error: --cached-prefix 64 leaves nothing to prefill of a 64-token prompt"
