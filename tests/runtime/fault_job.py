@@ -6,10 +6,14 @@ as if loading a checkpoint: the peer waits at the start-up exchange) or die-coll
 peer waits in a collective of the caller's own: its transfer breaks, naming no rank). Each rank writes what it saw to
 OUT_DIR/rank<N> (seconds from its start of the prefill, then its message) and, when it starts running,
 OUT_DIR/running<N> (the wall-clock time, so the test can time the bounds from running ranks rather
-than from interpreter start-up). No fault handling of its own: what it shows is the library's."""
+than from interpreter start-up). No fault handling of its own: what it shows is the library's, with one
+change of figures: under torchrun its ranks beat the library's heartbeat (:mod:`vpp.parallel.liveness`)
+with the shorter periods of :data:`HEARTBEAT`, so that a planted death is noticed in seconds rather than
+tens of seconds (the code path is the same)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -18,9 +22,19 @@ import time
 import torch
 
 from vpp.models.toy import ToyStage
-from vpp.parallel import initialize_model_parallel, launch
+from vpp.parallel import initialize_model_parallel, launch, spawn
+from vpp.parallel.liveness import Heartbeat
+from vpp.parallel.rendezvous import VICTIM_GRACE_S
 from vpp.schedules import make_layout
 from vpp.runtime import forward_prefill
+
+
+# The library's: a beat a second, dead after 10 s of silence, ended 10 s after a failure if still running.
+# Here 6 beats of silence, still long against a heartbeat thread held up on a loaded machine (it needs
+# the GIL for microseconds a beat); a lost transfer's peer is judged after 3 beats (1.5 s). The grace
+# must outlast a rank that stops by itself because of another's failure: it waits VICTIM_GRACE_S
+# (record_failure) before it exits, and would otherwise be ended as blocked.
+HEARTBEAT = dict(beat_s=0.5, silent_s=3.0, exit_grace_s=VICTIM_GRACE_S + 3.0)
 
 
 class Faulty(ToyStage):
@@ -53,9 +67,13 @@ def job(rank, world, mode, timeout_s, out_dir):
         time.sleep(1)
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "die-collective":
-        if rank == 1:
-            time.sleep(2)
+        waiting = os.path.join(out_dir, "collective0")
+        if rank == 1:  # dies once rank 0 is (about to be) in the collective
+            while not os.path.exists(waiting):
+                time.sleep(0.05)
+            time.sleep(0.5)
             os.kill(os.getpid(), signal.SIGKILL)
+        open(waiting, "w").close()
         torch.distributed.all_gather_object([None] * world, rank)
     if mode == "hang-start" and rank == 1:
         time.sleep(600)
@@ -75,4 +93,5 @@ def job(rank, world, mode, timeout_s, out_dir):
 
 if __name__ == "__main__":
     mode, timeout_s, out_dir = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    spawn.Heartbeat = functools.partial(Heartbeat, **HEARTBEAT)  # what launch() builds under torchrun
     launch(job, 2, mode, timeout_s, out_dir, timeout=3 * timeout_s, pg_timeout_s=timeout_s)

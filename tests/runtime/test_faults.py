@@ -1,6 +1,7 @@
 """Failures end every rank within their bound, under torchrun and with spawned ranks, and name the
 rank that failed; spawned ranks die with their parent. Each case has its own deadline and checks
-that no process of it is left (including grandchildren that torchrun or the parent started).
+that no process of it is left (including grandchildren that torchrun or the parent started). The
+fault jobs all start together (the ``jobs`` fixture): what they time is mostly waiting.
 
 The planted faults live in tests/runtime/fault_job.py (a two-rank toy prefill with ``timeout_s``
 = 3 s); the signal cases run the real ``vpp prefill`` command.
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +28,8 @@ TIMEOUT_S = 3.0
 # 2-core machine can take longer than the whole bound): the library's timeout, its grace to collect
 # the peers' errors, stopping the ranks and the launcher's exit.
 BOUND_S = 25.0
-START_S = 120.0  # start-up allowance of torchrun / the spawner and two interpreters, counted separately
+# start-up allowance, counted separately: the jobs of this module start at once (six launchers, twelve ranks)
+START_S = 240.0
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 
 
@@ -68,17 +71,46 @@ def _gone_within(pids: set[int], seconds: float) -> set[int]:
     return alive
 
 
-def _run_job(launcher: str, mode: str, out_dir: Path) -> tuple[subprocess.CompletedProcess, float]:
-    if launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(JOB)]
-    else:
-        cmd = [sys.executable, str(JOB)]
-    proc = subprocess.run(cmd + [mode, str(TIMEOUT_S), str(out_dir)], capture_output=True, text=True,
-                          timeout=START_S + BOUND_S, env=ENV, cwd=ROOT)
-    ended = time.time()
-    started = [float(p.read_text()) for p in out_dir.glob("running*")]
-    assert len(started) == 2, f"ranks did not start: {proc.stderr[-2000:]}"
-    return proc, ended - max(started)
+class _Job:
+    """One run of fault_job.py, started at once (in a session of its own); a thread of its own waits for
+    it, so that its end is timed when it happens, whichever job a test reads first."""
+
+    def __init__(self, launcher: str, mode: str, out_dir: Path):
+        if launcher == "torchrun":
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(JOB)]
+        else:
+            cmd = [sys.executable, str(JOB)]
+        self.out_dir, self.timed_out = out_dir, False
+        self.proc = subprocess.Popen(cmd + [mode, str(TIMEOUT_S), str(out_dir)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT, start_new_session=True)
+        self._waiter = threading.Thread(target=self._wait, daemon=True)
+        self._waiter.start()
+
+    def _wait(self) -> None:
+        try:
+            out, err = self.proc.communicate(timeout=START_S + BOUND_S)
+        except subprocess.TimeoutExpired:
+            self.timed_out = True
+            self.stop()
+            out, err = self.proc.communicate()
+        self.ended = time.time()
+        self.done = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+    def result(self) -> tuple[subprocess.CompletedProcess, float]:
+        """The finished run and its seconds from when both ranks ran to the launcher's exit."""
+        self._waiter.join()
+        assert not self.timed_out, f"still running after {START_S + BOUND_S:g}s: {self.done.stderr[-2000:]}"
+        started = [float(p.read_text()) for p in self.out_dir.glob("running*")]
+        assert len(started) == 2, f"ranks did not start: {self.done.stderr[-2000:]}"
+        return self.done, self.ended - max(started)
+
+    def stop(self) -> None:
+        """Kill the run's session (launcher and ranks) if it still runs."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 CASES = [  # (launcher, mode, what rank 0 says)
@@ -88,44 +120,60 @@ CASES = [  # (launcher, mode, what rank 0 says)
     ("torchrun", "hang-start", "waited 3s at the start-up exchange for global rank(s) [1], which never arrived"),
     ("spawned", "hang-start", "waited 3s at the start-up exchange for global rank(s) [1], which never arrived"),
 ]
+NAMED_JOBS = {  # the tests that read a job without a (launcher, mode) parameter
+    "test_torchrun_names_the_rank_that_raised_as_the_root_cause": ("torchrun", "raise"),
+    "test_the_job_runs_when_nothing_fails": ("torchrun", "none"),
+}
+
+
+def _job_of(item) -> tuple[str, str] | None:
+    params = getattr(item, "callspec", None)
+    if params is not None and "mode" in params.params:
+        return params.params["launcher"], params.params["mode"]
+    return NAMED_JOBS.get(getattr(item, "originalname", item.name))
 
 
 @pytest.fixture(scope="module")
-def torchrun_raise(tmp_path_factory):
-    """One torchrun job whose rank 1 raises: read by the two tests below that check what it shows."""
-    out_dir = tmp_path_factory.mktemp("fault-torchrun-raise")
-    return out_dir, *_run_job("torchrun", "raise", out_dir)
+def jobs(request, tmp_path_factory):
+    """Every job that this module's selected tests read, all started at once: the runs mostly wait
+    (timeouts, graces, launchers stopping ranks), and their waits overlap instead of adding up. Two
+    tests read the same torchrun "raise" job."""
+    wanted = {key for item in request.session.items if item.module is request.module
+              for key in [_job_of(item)] if key is not None}
+    started = {key: _Job(*key, tmp_path_factory.mktemp(f"fault-{key[0]}-{key[1]}")) for key in sorted(wanted)}
+    yield started
+    for job in started.values():
+        job.stop()
+    for job in started.values():
+        job._waiter.join()
 
 
 @pytest.mark.parametrize("launcher,mode,said", CASES, ids=[f"{a}-{b}" for a, b, _ in CASES])
-def test_a_fault_ends_every_rank_and_names_the_failed_one(tmp_path, launcher, mode, said, request):
-    if (launcher, mode) == ("torchrun", "raise"):
-        out_dir, proc, took = request.getfixturevalue("torchrun_raise")
-    else:
-        out_dir = tmp_path / f"fault-{launcher}-{mode}"
-        out_dir.mkdir()
-        proc, took = _run_job(launcher, mode, out_dir)
+def test_a_fault_ends_every_rank_and_names_the_failed_one(jobs, launcher, mode, said):
+    job = jobs[launcher, mode]
+    proc, took = job.result()
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert took < BOUND_S, f"took {took:.1f}s after both ranks ran"
-    assert said in (out_dir / "rank0").read_text()
+    assert said in (job.out_dir / "rank0").read_text()
     if launcher == "spawned":  # the launcher blames rank 1, the one that never came, not rank 0
         assert "RankFailure: rank 1 of 2 failed (named by rank 0)" in proc.stderr, proc.stderr[-2000:]
-    assert not _gone_within(_pids_with(str(out_dir)), 10), "processes of the run are still alive"
+    assert not _gone_within(_pids_with(str(job.out_dir)), 10), "processes of the run are still alive"
 
 
-def test_torchrun_names_the_rank_that_raised_as_the_root_cause(torchrun_raise):
+def test_torchrun_names_the_rank_that_raised_as_the_root_cause(jobs):
     """Rank 1 raises; rank 0 stops because of it. torchrun's agent names as "Root Cause" the failed rank
     with the earliest error file, counting a rank without one from when it saw it exit (ties: the lower
     rank). Before: rank 0, which had no error file and left first (or in the same second)."""
-    _, proc, _ = torchrun_raise
+    proc, _ = jobs["torchrun", "raise"].result()
     root = proc.stderr.split("Root Cause (first observed failure):", 1)[-1]
     assert "rank      : 1 (local_rank: 1)" in root and "planted fault" in root, proc.stderr[-3000:]
 
 
-def test_the_job_runs_when_nothing_fails(tmp_path):
-    proc, _ = _run_job("torchrun", "none", tmp_path)
+def test_the_job_runs_when_nothing_fails(jobs):
+    job = jobs["torchrun", "none"]
+    proc, _ = job.result()
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (tmp_path / "rank0").read_text().endswith("finished")
+    assert (job.out_dir / "rank0").read_text().endswith("finished")
 
 
 def _start_prefill(tmp_path: Path) -> tuple[subprocess.Popen, set[int]]:

@@ -16,8 +16,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.slow
 def test_the_pair_job_on_gloo():
     from vpp.testing.nccl_pair import run_pair
-    first, second = run_pair("gloo", limit_s=240, cwd=ROOT)
+    first, second = run_pair("gloo", limit_s=240, cwd=ROOT, timeout_s=2.0)  # the device check's 4 s: a 6 s gap
     assert "error" not in first, first
+    assert first["idle_gap"]["timeout_s"] == 2.0
     assert first["max_abs_diff"] < 1e-4 and first["idle_gap"]["requests"] == [1, 2]
     assert first["idle_gap"]["gap_s"] > first["idle_gap"]["timeout_s"]
     fault = first["fault"]

@@ -2,13 +2,15 @@
 timeouts and an injected dead peer, for correctness and hangs (not speed).
 
     python -m vpp.testing.nccl_pair --rank R --world 2 --port P --out FILE [--backend nccl|gloo] [--eager]
+                                    [--timeout SECONDS]
 
 NCCL refuses two ranks on one GPU unless each process has its own ``NCCL_HOSTID`` (then it takes them
 for hosts apart and moves the data over sockets: ``NCCL_SOCKET_IFNAME=lo``, no P2P, no SHM); the caller
 (``benchmarks/device_check.py`` part d) sets those per rank, and :func:`vpp.parallel.spawn.check_device_count`
 accepts fewer devices than ranks for that override only. ``--backend gloo`` rehearses every step on CPU.
 ``--eager``: ``init_process_group(device_id=...)`` (one stream per process group: vpp batches a step's
-transfers). Steps, each reported in the JSON written to ``--out`` by each rank:
+transfers). ``--timeout``: the pipeline's ``timeout_s`` (default :data:`TIMEOUT_S`; the process group's is
+ten times the default). Steps, each reported in the JSON written to ``--out`` by each rank:
 
 1. warm-up: :class:`~vpp.runtime.pipeline.Pipeline` sets up every communicator (timed);
 2. a VPP-Async prefill against an unpipelined forward of the same weights (max |diff| of the logits);
@@ -49,7 +51,7 @@ def _job(args) -> dict:
     layout = make_layout("v", model.num_layers, args.world)
     mine = layout.stages_of(args.rank)
     start = time.perf_counter()
-    pipe = Pipeline([model.build(layout.stage_layers[s], groups) for s in mine], groups, timeout_s=TIMEOUT_S)
+    pipe = Pipeline([model.build(layout.stage_layers[s], groups) for s in mine], groups, timeout_s=args.timeout)
     report = {"rank": args.rank, "backend": args.backend, "eager": args.eager, "warm_s": time.perf_counter() - start}
     prompt = torch.arange(96) % 500
     out = pipe.prefill(prompt if 0 in mine else None, 16, schedule="vpp-async", request_ids=[0])
@@ -58,10 +60,10 @@ def _job(args) -> dict:
         ref = full(prompt.to(device), 0, 0, last_token_only=True)[-1]
         report["max_abs_diff"] = float((out.all_logits[0].float() - ref.float()).abs().max())
     start = time.perf_counter()
-    gap = 1.5 * TIMEOUT_S
+    gap = 1.5 * args.timeout
     out = pipe.prefill([prompt, prompt[:48]] if 0 in mine else None, 16, schedule="vpp-async", arrivals=[0.0, gap],
                        request_ids=[1, 2])
-    report["idle_gap"] = {"gap_s": gap, "timeout_s": TIMEOUT_S, "wall_s": time.perf_counter() - start,
+    report["idle_gap"] = {"gap_s": gap, "timeout_s": args.timeout, "wall_s": time.perf_counter() - start,
                           "requests": sorted(out.all_logits)}
     if args.rank == 1:  # the dead peer: gone in the middle of the next prefill, without a word
         stage = pipe.stages[0]
@@ -82,7 +84,7 @@ def _job(args) -> dict:
     except Exception as exc:  # noqa: BLE001 -- what is reported is the point
         report["fault"] = {"raised": True, "wall_s": time.perf_counter() - start, "error": str(exc)[:400],
                            "named_global_rank": getattr(exc, "global_rank", None),
-                           "within_s": TIMEOUT_S + 2.0}
+                           "within_s": args.timeout + 2.0}
     return report
 
 
@@ -95,9 +97,11 @@ def pair_env(rank: int, backend: str) -> dict:
     return env
 
 
-def run_pair(backend: str = "nccl", *, eager: bool = False, limit_s: float = 120.0, cwd: str | None = None) -> list[dict]:
+def run_pair(backend: str = "nccl", *, eager: bool = False, limit_s: float = 120.0, cwd: str | None = None,
+             timeout_s: float = TIMEOUT_S) -> list[dict]:
     """Start both ranks (``python -m vpp.testing.nccl_pair``) and return their reports (a rank that
-    wrote none: ``{"rank": r, "error": its stderr's tail}``). Every process ends within ``limit_s``."""
+    wrote none: ``{"rank": r, "error": its stderr's tail}``). Every process ends within ``limit_s``.
+    ``timeout_s``: the pipeline's timeout (``--timeout``); the idle gap is 1.5 times it."""
     import socket
     import subprocess
     import sys
@@ -114,7 +118,8 @@ def run_pair(backend: str = "nccl", *, eager: bool = False, limit_s: float = 120
         procs = []
         for r in range(2):
             cmd = [sys.executable, "-m", "vpp.testing.nccl_pair", "--rank", str(r), "--port", str(port),
-                   "--out", os.path.join(tmp, f"{r}.json"), "--backend", backend, *(["--eager"] if eager else [])]
+                   "--out", os.path.join(tmp, f"{r}.json"), "--backend", backend, "--timeout", repr(timeout_s),
+                   *(["--eager"] if eager else [])]
             procs.append(subprocess.Popen(cmd, cwd=cwd, env=pair_env(r, backend), stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))
         deadline, reports = time.monotonic() + limit_s, []
@@ -142,6 +147,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--backend", default="nccl", choices=("nccl", "gloo"))
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--timeout", type=float, default=TIMEOUT_S)
     args = ap.parse_args(argv)
     report = _job(args)
     with open(args.out, "w") as f:
