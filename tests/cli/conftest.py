@@ -1,4 +1,5 @@
-"""Runs of a command that several tests read, each checking its own output of the same run."""
+"""What several tests of the commands read: a run of a command, each test checking its own output of
+it, and a checkpoint built once."""
 
 from __future__ import annotations
 
@@ -33,3 +34,12 @@ def cpp_prefill(tmp_path_factory) -> CppPrefill:
                          "--repeat", "1", "--no-warmup", "--no-progress", "--device", "cpu",
                          "--save-logits", str(link)]) == 0
     return CppPrefill(json.loads(out.getvalue()), link, target)
+
+
+@pytest.fixture(scope="session")
+def fp8_case(tmp_path_factory):
+    """A tiny DeepSeek-V3 FP8 checkpoint in the official layout, with its dequantized twin
+    (tests/models/fp8_tiny.py): ``vpp prefill`` (test_prefill_cli) and examples/deepseek_prefill.py
+    (test_examples) run it."""
+    from tests.models.fp8_tiny import make_fp8_case
+    return make_fp8_case("deepseek_v3", tmp_path_factory.mktemp("fp8"))

@@ -91,9 +91,8 @@ def test_generate_command_json(generated):
     assert d["time_per_output_token_s"] > 0
 
 
-def test_example_runs_an_fp8_checkpoint_on_a_text_prompt(tmp_path):
-    from tests.models.fp8_tiny import make_fp8_case
-    case = make_fp8_case("deepseek_v3", tmp_path)
+def test_example_runs_an_fp8_checkpoint_on_a_text_prompt(fp8_case, tmp_path):
+    case = fp8_case  # tests/cli/conftest.py
     (tmp_path / "prompt.txt").write_text("ranks stay busy when stages fold back in a V")
     out = _run("examples/deepseek_prefill.py", "--model", case.path, "--prompt-file", str(tmp_path / "prompt.txt"),
                "--seq-len", "40", "--chunk-size", "16", "--dtype", "float32")

@@ -41,13 +41,7 @@ def test_the_table_shows_each_ranks_kv_cache_beside_its_peak(capsys):
 
 
 @pytest.fixture(scope="module")
-def fp8_case(tmp_path_factory):
-    from tests.models.fp8_tiny import make_fp8_case
-    return make_fp8_case("deepseek_v3", tmp_path_factory.mktemp("fp8"))
-
-
-@pytest.fixture(scope="module")
-def fp8_dir(fp8_case):
+def fp8_dir(fp8_case):  # fp8_case: tests/cli/conftest.py
     return fp8_case.path
 
 
