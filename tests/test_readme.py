@@ -1,11 +1,13 @@
 """Every Python block of the README runs as written (the API snippet, the Pipeline loop), and the test
 command CI runs is the README's."""
 
-import pytest
+import os
 import pathlib
 import re
 import subprocess
 import sys
+
+import pytest
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -25,7 +27,11 @@ def _python_blocks() -> list[str]:
 def _run_block(tmp_path, block: str) -> str:
     script = tmp_path / "snippet.py"
     script.write_text(block)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    # a script's own directory comes first on its sys.path, not the cwd: point it at this checkout's vpp
+    # (not whichever checkout an editable install names)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 

@@ -1,4 +1,6 @@
-"""The example scripts run as a model author would run them (spawned CPU ranks, tiny models)."""
+"""The example scripts run as a model author would run them (spawned CPU ranks, tiny models), each as
+its own process; ``vpp generate`` runs in this process (``vpp.cli.main``: the same argument parsing, checks
+and spawned ranks, without an interpreter and torch import of its own), and under torchrun as a process."""
 
 import os
 import pathlib
@@ -21,6 +23,13 @@ def _run(*args):
     return proc.stdout
 
 
+def _vpp(capsys, *argv) -> str:
+    """``vpp ARGV`` in this process (its ranks spawned as the command spawns them): what it printed."""
+    from vpp import cli
+    assert cli.main(list(argv)) == 0, capsys.readouterr().err[-3000:]
+    return capsys.readouterr().out
+
+
 def test_glm_example_prints_the_first_token():
     """(deepseek_prefill.py runs below, on an FP8 checkpoint against transformers' next token.)"""
     out = _run("examples/glm_prefill.py", "--seq-len", "384", "--chunk-size", "128")
@@ -34,7 +43,7 @@ def test_qwen_example_cpp_and_vpp_agree():
 
 
 def test_pp_sweep_rows_agree_on_the_first_token():
-    out = _run("examples/pp_sweep.py", "--seq-len", "256", "--chunk-size", "64", "--pp", "1,2")
+    out = _run("examples/pp_sweep.py", "--seq-len", "64", "--chunk-size", "16", "--pp", "1,2")
     rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| [12] \|", line)]
     assert len(rows) == 10  # 5 variants x 2 degrees: a variant that cannot run is a row that says why
     ran = [r for r in rows if not r[-1].strip().startswith("skipped")]
@@ -65,9 +74,15 @@ GENERATE = ["generate", "--seq-len", "48", "--chunk-size", "16", "--max-new-toke
 
 @pytest.fixture(scope="module")
 def generated():
-    """`vpp generate --json` on spawned ranks, once: read by the two tests below."""
+    """`vpp generate --json` on spawned ranks, once (in this process): read by the two tests below."""
+    import contextlib
+    import io
     import json
-    return json.loads(_run("-m", "vpp", *GENERATE))
+
+    from vpp import cli
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert cli.main(GENERATE) == 0
+    return json.loads(out.getvalue())
 
 
 def test_generate_command_json(generated):
@@ -76,9 +91,8 @@ def test_generate_command_json(generated):
     assert d["time_per_output_token_s"] > 0
 
 
-def test_example_runs_an_fp8_checkpoint_on_a_text_prompt(tmp_path):
-    from tests.models.fp8_tiny import make_fp8_case
-    case = make_fp8_case("deepseek_v3", tmp_path)
+def test_example_runs_an_fp8_checkpoint_on_a_text_prompt(fp8_case, tmp_path):
+    case = fp8_case  # tests/cli/conftest.py
     (tmp_path / "prompt.txt").write_text("ranks stay busy when stages fold back in a V")
     out = _run("examples/deepseek_prefill.py", "--model", case.path, "--prompt-file", str(tmp_path / "prompt.txt"),
                "--seq-len", "40", "--chunk-size", "16", "--dtype", "float32")
@@ -98,7 +112,7 @@ def test_generate_under_torchrun_streams_the_tokens_of_spawned_ranks(generated):
     assert streamed.split() == [str(t) for t in generated["generated_ids"]], streamed
 
 
-def test_generate_decodes_on_another_group_and_from_a_kv_directory(tmp_path):
+def test_generate_decodes_on_another_group_and_from_a_kv_directory(tmp_path, capsys):
     """`vpp generate --decode-tp 2` after a TP1 x PP2 vpp-async prefill, and the directory round trip
     (--save-kv on CP2 x PP2, each CP rank writing its token shard, --load-kv on TP2 x PP1), against
     transformers' greedy generate (DeepSeek-V3.2: MLA latents and DSA indexer keys; tests/kv/test_handover.py
@@ -112,12 +126,12 @@ def test_generate_decodes_on_another_group_and_from_a_kv_directory(tmp_path):
     path = tmp_path / "m"
     model("deepseek_v32", num_hidden_layers=6).save_pretrained(path)
     common = ["--model", str(path), "--max-new-tokens", "12", "--json", "--chunk-size", "8"]
-    moved = json.loads(_run("-m", "vpp", "generate", *common, "--seq-len", "37", "--tp", "1", "--pp", "2",
+    moved = json.loads(_vpp(capsys, "generate", *common, "--seq-len", "37", "--tp", "1", "--pp", "2",
                             "--schedule", "vpp-async", "--decode-tp", "2"))
-    saved = json.loads(_run("-m", "vpp", "generate", *common, "--seq-len", "37", "--cp", "2", "--pp", "2",
+    saved = json.loads(_vpp(capsys, "generate", *common, "--seq-len", "37", "--cp", "2", "--pp", "2",
                             "--schedule", "vpp-async", "--save-kv", str(tmp_path / "kv")))
     assert json.loads((tmp_path / "kv" / "manifest.json").read_text())["writer"]["cp"] == 2
-    loaded = json.loads(_run("-m", "vpp", "generate", *common, "--tp", "2", "--pp", "1", "--load-kv",
+    loaded = json.loads(_vpp(capsys, "generate", *common, "--tp", "2", "--pp", "1", "--load-kv",
                              str(tmp_path / "kv")))
     ids = torch.tensor(moved["prompt_ids"])
     with torch.no_grad():

@@ -85,12 +85,9 @@ def test_plan_parts_closed_form():
 
 
 @pytest.mark.slow
-def test_prefill_json_prints_the_plan_beside_the_measured_peaks(capsys):
-    import json
-    assert cli.main(["prefill", "--json", "--seq-len", "512", "--chunk-size", "128", "--schedule", "cpp",
-                     "--repeat", "1", "--no-warmup", "--no-progress", "--device", "cpu"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    for m in out["memory"]["cpp"]:
+def test_prefill_json_prints_the_plan_beside_the_measured_peaks(cpp_prefill):
+    """``vpp prefill --json --seq-len 512 --chunk-size 128 --schedule cpp`` (tests/cli/conftest.py)."""
+    for m in cpp_prefill.printed["memory"]["cpp"]:
         assert m["plan"]["weights"] == m["measured_weights_bytes"]  # exact: the meta-built stages' parameters
         assert m["plan"]["kv_cache"] == m["measured_kv_cache_bytes"]  # exact: caches reserved at the prompt
         assert m["plan_over_measured"] > 0 and m["measured_peak_bytes"] > 0

@@ -86,17 +86,13 @@ def test_tune_and_calibrate_json(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_save_logits_symlink_written_through(tmp_path, capsys):
-    target = tmp_path / "real.safetensors"
-    target.write_bytes(b"old")
-    link = tmp_path / "link.safetensors"
-    link.symlink_to(target)
-    assert cli.main(["prefill", "--seq-len", "256", "--chunk-size", "128", "--schedule", "cpp", "--repeat", "1",
-                     "--no-warmup", "--no-progress", "--save-logits", str(link)]) == 0
+def test_save_logits_symlink_written_through(cpp_prefill):
+    """``vpp prefill --save-logits LINK`` of 512 tokens, LINK a symlink to a file (tests/cli/conftest.py)."""
+    link, target = cpp_prefill.link, cpp_prefill.target
     assert link.is_symlink() and os.readlink(link) == str(target)
     from safetensors.torch import load_file
     got = load_file(str(target))
-    assert got["input_ids"].numel() == 256 and got["logits.cpp"].ndim == 1
+    assert got["input_ids"].numel() == 512 and got["logits.cpp"].ndim == 1
     from vpp.safe_write import current_umask
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o666 & ~current_umask()  # as created, not 0600
 

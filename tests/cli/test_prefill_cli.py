@@ -1,14 +1,13 @@
-"""``vpp prefill`` end to end, once, as a process on spawned CPU ranks (every schedule on a tiny FP8
-checkpoint in the official layout at TP 2 x PP 2 with a text prompt, --check, --save-logits, --trace);
-in this process: its --check verdict, the table, the why line, and the refusals that end the command
-before any rank starts (exit status 2, one line). Every family's parity runs on the persistent worlds
-(tests/models, tests/runtime): the command's wiring is the same for each."""
+"""``vpp prefill`` end to end, once, on spawned CPU ranks (every schedule on a tiny FP8 checkpoint in the
+official layout at TP 2 x PP 2 with a text prompt, --check, --save-logits, --trace; through ``vpp.cli.main``
+in this process, which spawns the ranks as the command does: ``python -m vpp prefill`` as a process runs
+under torchrun in tests/cli/test_cp_cli.py); its --check verdict, the table, the why line, and the
+refusals that end the command before any rank starts (exit status 2, one line). Every family's parity
+runs on the persistent worlds (tests/models, tests/runtime): the command's wiring is the same for each."""
 
 import pytest
 import json
 import shutil
-import subprocess
-import sys
 
 import torch
 from safetensors.torch import load_file
@@ -42,13 +41,7 @@ def test_the_table_shows_each_ranks_kv_cache_beside_its_peak(capsys):
 
 
 @pytest.fixture(scope="module")
-def fp8_case(tmp_path_factory):
-    from tests.models.fp8_tiny import make_fp8_case
-    return make_fp8_case("deepseek_v3", tmp_path_factory.mktemp("fp8"))
-
-
-@pytest.fixture(scope="module")
-def fp8_dir(fp8_case):
+def fp8_dir(fp8_case):  # fp8_case: tests/cli/conftest.py
     return fp8_case.path
 
 
@@ -86,8 +79,8 @@ def test_refusals_end_before_any_rank_starts(fp8_dir, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_prefill_command_runs_every_schedule_on_an_fp8_checkpoint_and_checks_logits(fp8_case, tmp_path):
-    """One run of the command, as a process, checks its wiring on one family: every schedule (DCPP
+def test_prefill_command_runs_every_schedule_on_an_fp8_checkpoint_and_checks_logits(fp8_case, tmp_path, capsys):
+    """One run of the command checks its wiring on one family: every schedule (DCPP
     profiles the real stage and cuts shrinking chunks) on a tiny FP8 checkpoint in the official layout
     at TP 2 x PP 2, a text prompt, the config's torch_dtype, --check, --save-logits and --trace."""
     from transformers import AutoModelForCausalLM
@@ -98,14 +91,12 @@ def test_prefill_command_runs_every_schedule_on_an_fp8_checkpoint_and_checks_log
     (tmp_path / "prompt.txt").write_text(text)
     logits_file, trace_dir = tmp_path / "logits.safetensors", tmp_path / "trace"
     schedules = ["cpp", "vpp", "vpp-async", "dcpp", "vpp-packed"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "vpp", "prefill", "--model", fp8_dir, "--check", "--tp", "2", "--pp", "2",
-         "--seq-len", "64", "--chunk-size", "16", "--repeat", "2", "--no-progress", "--json",
-         "--schedule", ",".join(schedules), "--prompt-file", str(tmp_path / "prompt.txt"),
-         "--save-logits", str(logits_file), "--trace", str(trace_dir)],
-        capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    from vpp.cli import main
+    assert main(["prefill", "--model", fp8_dir, "--check", "--tp", "2", "--pp", "2", "--seq-len", "64",
+                 "--chunk-size", "16", "--repeat", "2", "--no-progress", "--json", "--schedule", ",".join(schedules),
+                 "--prompt-file", str(tmp_path / "prompt.txt"), "--save-logits", str(logits_file),
+                 "--trace", str(trace_dir)]) == 0, capsys.readouterr().err[-3000:]
+    out = json.loads(capsys.readouterr().out)
     assert out["config"]["dtype"] == "bfloat16" and out["config"]["seq_len"] == 64  # the config's torch_dtype
     # 8 bf16 ulps of the largest logit (see vpp/cli/prefill.py)
     assert out["atol"] == pytest.approx(2.0 ** -4 * out["check"]["reference_max_abs"])

@@ -1,21 +1,24 @@
-"""``vpp serve-bench`` end to end on spawned CPU ranks with the toy model: every contender runs the
-stream and reports makespan, throughput and (for vpp's own schedules) TTFT and bubble ratio."""
+"""``vpp serve-bench`` end to end on spawned CPU ranks with the toy model (in this process, through
+``vpp.cli.main``: the command's parsing, checks and spawned ranks): every contender runs the stream and
+reports makespan, throughput and (for vpp's own schedules) TTFT and bubble ratio."""
+
+import json
 
 import pytest
-import json
-import subprocess
-import sys
+
+from vpp import cli
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
 
-def test_serve_bench_runs_every_contender():
-    proc = subprocess.run(
-        [sys.executable, "-m", "vpp", "serve-bench", "--model", "toy", "--workload", "short", "--n", "4",
-         "--scale", "512", "--chunk-size", "8", "--repeat", "2", "--json"],
-        capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+def _serve_bench(capsys, *argv) -> dict:
+    assert cli.main(["serve-bench", "--model", "toy", "--workload", "short", "--n", "4", "--scale", "512", *argv,
+                     "--json"]) == 0, capsys.readouterr().err[-3000:]
+    return json.loads(capsys.readouterr().out)
+
+
+def test_serve_bench_runs_every_contender(capsys):
+    out = _serve_bench(capsys, "--chunk-size", "8", "--repeat", "2")
     names = [r["name"] for r in out["rows"]]
     assert names == ["cpp", "dcpp", "vpp", "vpp-async", "vpp-packed", "gpipe"]
     assert out["facts"]["lengths"] and out["facts"]["concurrency"] == 4
@@ -29,17 +32,11 @@ def test_serve_bench_runs_every_contender():
     assert out["rows"][0]["speedup"] == [1.0, 1.0]
 
 
-@pytest.mark.slow
-def test_serve_bench_with_a_shared_budget_replays_in_the_simulator():
+def test_serve_bench_with_a_shared_budget_replays_in_the_simulator(capsys):
     """Requests share one token budget per step (their chunk lists from plan/shared_budget.py); every
     row carries the executed trace's makespan and the simulator's replay of the same plan."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "vpp", "serve-bench", "--model", "toy", "--workload", "short", "--n", "4",
-         "--scale", "512", "--chunk-size", "12", "--repeat", "1", "--contenders", "cpp,dcpp,vpp-async",
-         "--shared-budget", "--dcpp-min-chunk", "4", "--json"],
-        capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    out = _serve_bench(capsys, "--chunk-size", "12", "--repeat", "1", "--contenders", "cpp,dcpp,vpp-async",
+                       "--shared-budget", "--dcpp-min-chunk", "4")
     assert out["config"]["shared_budget"] is True
     assert [r["name"] for r in out["rows"]] == ["cpp", "dcpp", "vpp-async"]
     for row in out["rows"]:

@@ -7,10 +7,7 @@ can start; an 8-layer one (IndexShare kept, every other layer shared) fills the 
 
 Every family and TP run the command's engine (``run_bench``, what ``vpp prefill`` runs on each rank)
 on the session's persistent worlds; the command itself, from its arguments to the saved logits file,
-runs once, as a process (the wiring is the same for every family)."""
-
-import subprocess
-import sys
+runs once, in this process on its own spawned ranks (the wiring is the same for every family)."""
 
 import pytest
 import torch
@@ -65,15 +62,14 @@ def test_cached_prefix_logits_equal_transformers(model_type, tp, hf_cases, tmp_p
 
 
 @pytest.mark.slow
-def test_the_command_saves_the_cached_prefix_logits(hf_cases, tmp_path_factory, tmp_path):
+def test_the_command_saves_the_cached_prefix_logits(hf_cases, tmp_path_factory, tmp_path, capsys):
+    from vpp import cli
     path = _path("glm_moe_dsa", hf_cases, tmp_path_factory.getbasetemp())
     out = tmp_path / "logits.safetensors"
-    proc = subprocess.run(
-        [sys.executable, "-m", "vpp", "prefill", "--model", path, "--tp", "2", "--pp", "2",
-         "--cached-prefix", str(CACHED), "--seq-len", str(SEQ), "--chunk-size", str(CHUNK), "--schedule", "vpp-async",
-         "--dtype", "float32", "--repeat", "1", "--no-warmup", "--no-progress", "--json", "--save-logits", str(out)],
-        capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert cli.main(["prefill", "--model", path, "--tp", "2", "--pp", "2", "--cached-prefix", str(CACHED),
+                     "--seq-len", str(SEQ), "--chunk-size", str(CHUNK), "--schedule", "vpp-async", "--dtype", "float32",
+                     "--repeat", "1", "--no-warmup", "--no-progress", "--json", "--save-logits", str(out)]) == 0, \
+        capsys.readouterr().err[-3000:]
     saved = load_file(str(out))
     ids = saved["input_ids"]
     assert ids.numel() == SEQ
