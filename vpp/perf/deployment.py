@@ -77,7 +77,8 @@ class DeploymentCost:
         return op_cache.ops_breakdown(self.device, ops)
 
     def _layer_breakdown(self, kind: tuple, tokens: int, prefix: int) -> dict:
-        return dict(op_cache.layer_parts(self.config_id, self._example[kind], tokens, prefix))
+        """Seconds per category of one layer of ``kind`` on a chunk (shared: read, never changed)."""
+        return op_cache.layer_parts(self.config_id, self._example[kind], tokens, prefix)
 
     def layer_kinds(self, stage: int) -> list[tuple[int, int]]:
         """The layers of ``stage`` by kind: (a layer of the kind, how many of the stage's layers it stands for)."""
@@ -103,12 +104,12 @@ class DeploymentCost:
         parts = self._stage_parts.get((stage, tokens, prefix))
         if parts is None:
             parts = self._stage_parts[(stage, tokens, prefix)] = self._stage_sum(stage, tokens, prefix)
-        out: dict = defaultdict(float, parts)
+        out = dict(parts)
         if self.device.step_overhead:
-            out["step"] += self.device.step_overhead
+            out["step"] = out.get("step", 0.0) + self.device.step_overhead
         if self.syncs((tokens, prefix)):
-            out["launch_stall"] += self.device.host_step
-        return dict(out)
+            out["launch_stall"] = out.get("launch_stall", 0.0) + self.device.host_step
+        return out
 
     def _stage_sum(self, stage: int, tokens: int, prefix: int) -> dict:
         """The stage's layers, then the embedding (stage 0) and the head (last stage) on the stage's local
