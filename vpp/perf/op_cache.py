@@ -17,6 +17,7 @@ twenty fields each; the caches are bounded (least recently used out).
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from functools import lru_cache
 
@@ -26,6 +27,7 @@ from .ops import Parallel, embed_ops, head_ops, layer_ops
 
 _IDS: dict = {}        # (arch, device, par) -> its id
 _CONFIGS: list = []    # id -> (arch, device, par)
+_LOCK = threading.Lock()
 
 
 def ops_breakdown(device: Device, ops) -> dict:
@@ -47,8 +49,11 @@ def config_id(arch: Arch, device: Device, par: Parallel) -> int:
     key = (arch, device, par)
     cid = _IDS.get(key)
     if cid is None:
-        cid = _IDS[key] = len(_CONFIGS)
-        _CONFIGS.append(key)
+        with _LOCK:  # two threads meeting new triples must not hand out one index twice
+            cid = _IDS.get(key)
+            if cid is None:
+                _CONFIGS.append(key)
+                cid = _IDS[key] = len(_CONFIGS) - 1
     return cid
 
 
