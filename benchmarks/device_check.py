@@ -6,7 +6,8 @@
 Needs only torch, numpy, safetensors and transformers (the tests' reference models), nothing
 installed from this checkout: ``PYTHONPATH=.`` finds vpp and ``tests.models.hf_tiny``. Each part runs
 in its own subprocess with its own time limit (:data:`LIMITS`, 7.5 minutes in all), so an error, a
-crash or a hang in one part is reported and the others still run. Writes ``device_check.md`` and
+crash or a hang in one part is reported and the others still run; one after another on the device
+(each has it to itself), all at once in a dry run (nothing there is a claim). Writes ``device_check.md`` and
 ``device_check.json`` into ``--out`` (a directory; a path ending in .md names the markdown file).
 
 (a) One device: a bf16 chunked prefill of each tiny family (qwen3_moe, deepseek_v3, deepseek_v32,
@@ -54,8 +55,8 @@ import subprocess
 import sys
 import tempfile
 import time
-
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -421,8 +422,10 @@ def main(argv=None) -> int:
         wanted = [x.strip() for x in args.parts.split(",") if x.strip()]
         if not wanted or set(wanted) - set(LIMITS):
             p.error(f"--parts={args.parts!r}: choose from {', '.join(LIMITS)}")
-        parts = {name: spawn_part(name, passed, tmp) if name in wanted else {"error": "not run (--parts)"}
-                 for name in LIMITS if name != "d" or name in wanted}
+        with ThreadPoolExecutor(max_workers=len(wanted) if args.dry_run else 1) as pool:
+            started = {name: pool.submit(spawn_part, name, passed, tmp) for name in LIMITS if name in wanted}
+            parts = {name: started[name].result() if name in wanted else {"error": "not run (--parts)"}
+                     for name in LIMITS if name != "d" or name in wanted}
     text = report(acc, device, parts, LIMITS)
     print(text)
     out = args.out or (None if args.dry_run else os.path.join(ROOT, "benchmarks", "results"))

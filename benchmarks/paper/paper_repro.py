@@ -10,7 +10,8 @@ declared cell, benchmarks.paper.fit), derived (moves one for one with a fitted c
 the model) or predicted (:func:`benchmarks.paper.cells.assign`); every miss names the mechanism that would
 have to differ. Writes paper_repro.md, paper_repro.json (its "fit" is the calibration ``vpp tune
 --calibration`` and the other paper-scale benchmarks read) and PNGs. ``--quick`` skips the long stream,
-the stream switches and the figures.
+the stream switches and the figures. ``--jobs N`` runs the sweeps and the streams on N processes (default:
+this machine's CPUs; the report is the same for any N).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 
 
 from benchmarks.paper import cells as C, claims as PC, dcpp_steps as PDS, published as paper
+from benchmarks.paper.jobs import default_jobs
 from benchmarks.paper.mechanisms import MECHANISMS, gap, mechanism
 from benchmarks.paper.streams import section_streams, streams
 from benchmarks.paper.sweep import at, best, fitted_setups, sweep
@@ -84,13 +86,13 @@ def moved_setups(setups, constant: str) -> dict:
             for m, st in setups.items()}
 
 
-def scored_cells(setups, points, stream_results) -> tuple[list, list]:
+def scored_cells(setups, points, stream_results, jobs: int = 1) -> tuple[list, list]:
     """All cells with their statuses (from moving each fitted constant), duplicates dropped."""
     base = model_cells(setups, points) + PC.stream_cells(stream_results)
     moved = {}
     for constant, key in FIT_CELLS.items():
         ms = moved_setups(setups, constant)
-        moved[constant] = (key, model_cells(ms, sweep(ms, SWEPT, paper.LENGTHS, paper.CHUNKS)))
+        moved[constant] = (key, model_cells(ms, sweep(ms, SWEPT, paper.LENGTHS, paper.CHUNKS, jobs=jobs)))
     return C.dedupe(C.assign(base, moved))
 
 
@@ -323,18 +325,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results"))
     ap.add_argument("--quick", action="store_true", help="skip the long stream, the stream switches and the figures")
+    ap.add_argument("--jobs", type=int, default=default_jobs(),
+                    help="processes for the sweeps and the streams (default: this machine's CPUs; the report is the "
+                         "same for any number)")
     args = ap.parse_args(argv)
+    jobs = args.jobs
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     setups, fit = fitted_setups()
     runs = table_512k(setups)
     rows = {s: r.row for s, r in runs.items()}
-    points = sweep(setups, list(STRATS), paper.LENGTHS, paper.CHUNKS)
-    results = streams(setups, args.quick)
-    off = None if args.quick else streams(setups, True, shared_budget=False)
-    calls = None if args.quick else streams(setups, True, batched=False)
-    eq2 = None if args.quick else streams({m: st.replace(packing_estimate="eq2") for m, st in setups.items()}, True)
-    cells, dropped = scored_cells(setups, points, results)
+    points = sweep(setups, list(STRATS), paper.LENGTHS, paper.CHUNKS, jobs=jobs)
+    results = streams(setups, args.quick, jobs=jobs)
+    off = None if args.quick else streams(setups, True, shared_budget=False, jobs=jobs)
+    calls = None if args.quick else streams(setups, True, batched=False, jobs=jobs)
+    eq2 = None if args.quick else streams({m: st.replace(packing_estimate="eq2") for m, st in setups.items()}, True,
+                                          jobs=jobs)
+    cells, dropped = scored_cells(setups, points, results, jobs)
     score = C.summary(cells)
     parts = ["# VPP paper reproduction (simulated, paper scale)", "", "Command: `python -m benchmarks.paper.paper_repro`.", "",
              section_constants(setups["deepseek-v3.1"].device), section_view(), section_mechanisms(fit),

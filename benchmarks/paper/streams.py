@@ -11,28 +11,31 @@ from vpp.schedules import strategies
 from vpp.schedules.workloads import long as long_stream, mixed, short
 
 from . import cells as C, claims as PC, published as paper
+from .jobs import pmap
 from .serving import best_budget, compare
 
 LABEL = {s: strategies.get(s).label for s in strategies.PLANNED}
 
 
-def streams(setups, quick: bool, shared_budget: bool = True, batched: bool = True) -> dict:
+def streams(setups, quick: bool, shared_budget: bool = True, batched: bool = True, *, jobs: int = 1) -> dict:
     """The Fig. 3 streams, each strategy at its best budget; ``shared_budget``: vLLM's shared token budget
     (:mod:`vpp.schedules.shared_budget`), ``batched``: each shared step one forward (:mod:`vpp.perf.batched`),
-    both the adopted model."""
+    both the adopted model. Each (model, stream) a piece of its own on up to ``jobs`` processes."""
     setups = {m: st.replace(shared_budget=shared_budget, batched_steps=batched) for m, st in setups.items()}
     workloads = {"mixed": mixed(scale=1)}
     for n in (4096, 8192, 16384):
         workloads[f"short-{n // 1024}K"] = short(scale=1, length=n)
     if not quick:
         workloads["long"] = long_stream(scale=1, lengths=paper.LENGTHS[:4])
-    out = {}
-    for m in MODELS:
-        for w, wl in workloads.items():
-            rows = compare(setups[m], wl)
-            rows["vpp-packed/rank"] = best_budget(setups[m], wl, "vpp-packed", per_rank=True)
-            out[(m, w)] = rows
-    return out
+    keys = [(m, w) for m in MODELS for w in workloads]
+    return dict(zip(keys, pmap(_stream_rows, [(setups[m], workloads[w]) for m, w in keys], jobs)))
+
+
+def _stream_rows(piece) -> dict:
+    setup, workload = piece
+    rows = compare(setup, workload)
+    rows["vpp-packed/rank"] = best_budget(setup, workload, "vpp-packed", per_rank=True)
+    return rows
 
 
 def section_stream_switches(results, off, calls, eq2) -> str:

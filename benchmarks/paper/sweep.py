@@ -9,6 +9,7 @@ from vpp.perf.hardware import ASCEND_910C, Device
 from vpp.perf.runs import MODELS, paper_setup, run
 
 from .fit import Fit, fit_cpp
+from .jobs import pmap
 
 
 def fitted_setups(device: Device = ASCEND_910C) -> tuple[dict, Fit]:
@@ -27,15 +28,22 @@ class Point:
     row: object
 
 
-def sweep(setups: dict, strategies, lengths, chunks, *, models=None) -> list[Point]:
+def sweep(setups: dict, strategies, lengths, chunks, *, models=None, jobs: int = 1) -> list[Point]:
+    """Every (model, length, chunk, strategy) run, in that order; each (model, length) a piece of its own
+    on up to ``jobs`` processes (:func:`.jobs.pmap`)."""
+    pieces = [(model, setups[model], length, tuple(chunks), tuple(strategies))
+              for model in models or list(setups) for length in lengths]
+    return [p for points in pmap(_sweep_length, pieces, jobs) for p in points]
+
+
+def _sweep_length(piece) -> list[Point]:
+    model, setup, length, chunks, strategies = piece
     out = []
-    for model in models or list(setups):
-        for length in lengths:
-            for chunk in chunks:
-                for strategy in strategies:
-                    r = run(setups[model], strategy, [length], chunk)
-                    if r is not None:
-                        out.append(Point(model, strategy, length, chunk, r.row))
+    for chunk in chunks:
+        for strategy in strategies:
+            r = run(setup, strategy, [length], chunk)
+            if r is not None:
+                out.append(Point(model, strategy, length, chunk, r.row))
     return out
 
 

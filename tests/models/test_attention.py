@@ -202,6 +202,34 @@ def test_rope_matches_transformers(params):
     assert 0.125 * spec.softmax_mscale == pytest.approx(yarn_apply_mscale(hf.rope_parameters, 0.125))
 
 
+@pytest.mark.parametrize("params", [{"rope_type": "default"}, YARN])
+def test_rope_on_meta_has_the_cpu_tensors_shape_and_dtype(params):
+    """A shape-only build (``device="meta"``, ``ModelSource.check``) takes the CPU's inv_freq, moved."""
+    spec = RopeSpec.from_hf({"max_position_embeddings": 163840, "rope_parameters": dict(params)}, 32)
+    meta, cpu = spec.inv_freq("meta"), spec.inv_freq()
+    assert meta.device.type == "meta" and (meta.shape, meta.dtype) == (cpu.shape, cpu.dtype)
+
+
+@pytest.mark.slow
+def test_a_meta_build_and_the_attention_kernels_do_not_import_dynamo():
+    """torch._dynamo costs about a second of every process that imports it (each spawned rank, each
+    CLI run): importing the models and building a stage on meta, as ``ModelSource.check`` does before
+    ranks start, must not pull it in (torch.nn.attention.bias and arange on meta would)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    code = ("import sys; from vpp.models.build import build_stage; from vpp.models.tiny import TINY_CONFIGS; "
+            "from vpp.parallel.groups import ParallelGroups; import vpp.runtime; "
+            "[build_stage(TINY_CONFIGS[m], (0, 2), ParallelGroups.single(), device='meta') "
+            "for m in ('tiny-qwen', 'tiny-deepseek', 'tiny-glm')]; "
+            "assert 'torch._dynamo' not in sys.modules, [m for m in sys.modules if m.startswith('torch._dynamo')][:3]")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_rope_reads_the_legacy_spelling_and_rejects_unknown_types():
     legacy = {"rope_theta": 10000.0, "max_position_embeddings": 163840,
               "rope_scaling": {"type": "yarn",

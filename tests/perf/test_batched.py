@@ -70,6 +70,44 @@ def test_a_batched_step_costs_one_forward_on_its_tokens(name, shapes):
             assert got == pytest.approx(attn + rest * t / total, rel=1e-12)
 
 
+def _uncached_step_parts(cost, stage, shapes):
+    """step_parts as written before its layer parts were cached: every op timed afresh, in the same order."""
+    from collections import defaultdict
+    from vpp.perf.op_cache import ops_breakdown
+    arch, par, dev = cost.arch, cost.par, cost.device
+    total = sum(t for t, _ in shapes)
+    shared, own = defaultdict(float), [defaultdict(float) for _ in shapes]
+    for layer, n in cost.layer_kinds(stage):
+        once = [op for op in layer_ops(arch, layer, total, 0, par) if not op.per_request]
+        for k, v in ops_breakdown(dev, once).items():
+            shared[k] += n * v
+        kernels = {}
+        for i, (t, p) in enumerate(shapes):
+            for op in layer_ops(arch, layer, t, p, par):
+                if op.per_request:
+                    own[i][op.category] += n * (dev.op_time(op) - op.kernels * dev.kernel_overhead)
+                    kernels[op.name] = max(kernels.get(op.name, 0), op.kernels)
+        shared["launch"] += n * sum(kernels.values()) * dev.kernel_overhead
+    ends = (embed_ops(arch, total, par) if stage == 0 else []), \
+        (head_ops(arch, total, par, requests=len(shapes)) if stage == cost.layout.last_stage else [])
+    for ops in ends:
+        for k, v in ops_breakdown(dev, ops).items():
+            shared[k] += v
+    shared["step"] += dev.step_overhead
+    return dict(shared), [dict(o) for o in own]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_cached_step_parts_are_the_floats_computed_afresh(name):
+    """The batched step's layer parts, cached across steps and instances (vpp/perf/op_cache.py), are the
+    very floats (==) of timing every op afresh, on two devices in turn."""
+    for device in (STEPPED, STEPPED.replace(eff_attn=0.125), STEPPED):
+        cost = cost_of(CONFIGS[name], device=device)
+        for stage in range(2):
+            for shapes in ([(5, 7), (3, 0)], [(6, 0), (2, 0), (9, 4)], [(5, 7), (3, 0)]):
+                assert step_parts(cost, stage, shapes) == _uncached_step_parts(cost, stage, shapes)
+
+
 def test_only_attention_and_its_prefix_work_are_per_request_and_the_rest_ignores_the_prefix():
     for config in CONFIGS.values():
         arch = Arch.from_config(config)

@@ -43,6 +43,43 @@ def test_stage_sums_layers_embedding_and_head():
         DeploymentCost(arch, DEV, make_layout("loop", 3, 1), par)
 
 
+def _uncached_breakdown(cost, stage, tokens, prefix) -> dict:
+    """DeploymentCost.breakdown as written before its times were cached: each kind of layer's ops timed
+    afresh, times its count, then the embedding, the head and the per-call terms."""
+    from collections import defaultdict
+    from vpp.perf.op_cache import ops_breakdown
+    arch, dev, par = cost.arch, cost.device, cost.par
+    out = defaultdict(float)
+    for layer, n in cost.layer_kinds(stage):
+        for k, v in ops_breakdown(dev, layer_ops(arch, layer, tokens, prefix, par)).items():
+            out[k] += n * v
+    ends = embed_ops(arch, tokens, par) if stage == 0 else []
+    for ops in (ends, head_ops(arch, tokens, par) if stage == cost.layout.last_stage else []):
+        for k, v in ops_breakdown(dev, ops).items():
+            out[k] += v
+    if dev.step_overhead:
+        out["step"] += dev.step_overhead
+    return dict(out)
+
+
+@pytest.mark.parametrize("config", ["mla", "gqa", "dsa"])
+def test_cached_stage_times_are_the_floats_computed_afresh(config):
+    """Layer times cached across instances (vpp/perf/op_cache.py) give the very floats (==, not approx)
+    of timing every op afresh, instance after instance, a device between them with other constants."""
+    from tests.perf.archs import TINY_DSA, TINY_GQA
+    cfg = {"mla": TINY_MLA, "gqa": {**TINY_GQA, "num_hidden_layers": 3}, "dsa": {**TINY_DSA, "num_hidden_layers": 4}}
+    arch = Arch.from_config(cfg[config])
+    par = Parallel(tp=2, weight_bytes=1)
+    for device in (DEV, DEV.replace(eff_attn=0.125, step_overhead=3e-4), DEV):
+        for layout in (make_layout("loop", arch.layers, 1), make_layout("loop", arch.layers, 2)):
+            cost = DeploymentCost(arch, device, layout, par)
+            for stage in range(layout.num_stages):
+                for tokens, prefix in ((4, 0), (4, 6), (7, 100), (4, 6)):
+                    want = _uncached_breakdown(cost, stage, tokens, prefix)
+                    assert cost.breakdown(stage, tokens, prefix) == want
+                    assert cost.compute(stage, tokens, prefix) == sum(want.values())
+
+
 def test_step_overhead_and_presets():
     arch = Arch.from_config(TINY_MLA)
     cost = DeploymentCost(arch, DEV.replace(step_overhead=1e-3), make_layout("loop", 2, 1), Parallel())

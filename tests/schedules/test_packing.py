@@ -127,6 +127,28 @@ def test_packing_removes_drain_idle_for_deeper_pipelines(pp, folds, kind):
     assert drain_idle(tp, packed) < 0.5 * drain_idle(ta, alone)
 
 
+def _drain_idle_every_window(trace, plan) -> float:
+    """drain_idle as first written: every bubble against every merged drain window."""
+    merged = []
+    for a, b in sorted((a, b) for _, a, b in drain_windows(trace, plan) if b > a):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return sum(sum(max(0.0, min(b, w1) - max(a, w0)) for w0, w1 in merged)
+               for segs in timeline(trace) for kind, a, b, _ in segs if kind == "bubble")
+
+
+@pytest.mark.parametrize("pp,arrivals", [(2, (0.0, 0.0, 0.0, 0.0)), (4, (0.0, 3.0, 40.0, 41.0)),
+                                        (3, (0.0, 90.0, 95.0, 300.0))])
+def test_drain_idle_reads_only_the_windows_a_bubble_meets(pp, arrivals):
+    layout = make_layout("v", 2 * pp, pp)
+    requests = chunk_requests([8 * C, 3 * C, 5 * C, 2 * C], C, arrivals=arrivals)
+    for plan in (build_vpp_async(layout, requests), build_vpp_packed(layout, requests, cost=eq2(latency=0.05))):
+        trace = simulate_plan(plan, eq2(latency=0.05))
+        assert drain_idle(trace, plan) == _drain_idle_every_window(trace, plan) > 0
+
+
 def test_one_request_or_concurrency_one_is_vpp_async():
     layout, cost = make_layout("v", 12, 3), eq2(latency=0.3, overlap=0.5)
     one = chunk_requests([700], C)

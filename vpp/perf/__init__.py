@@ -9,6 +9,8 @@
   carries its source; :func:`get_device`.
 * :mod:`.deployment` -- :class:`DeploymentCost`, the simulator's cost protocol for a model on a device split
   by a :class:`vpp.schedules.Layout` (with the launch stall of a runner that syncs before every step).
+* :mod:`.op_cache` -- a layer's (and the ends') op times on a chunk, cached once per process for equal
+  (arch, device, parallelism): the same floats for every cost instance.
 * :mod:`.cp` -- :class:`ContextParallelCost`: every stage on cp ring-attention ranks (pass-KV / pass-Q,
   load-balanced sharding), CP memory, the full-prefill time of Meta's anchor.
 * :mod:`.decompose` -- the paper's Table 2 split (computation / bubble / exposed communication, launch

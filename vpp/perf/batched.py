@@ -24,16 +24,12 @@ modelled here (:class:`.cp.ContextParallelCost` shards a chunk's tokens over the
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import lru_cache
 from typing import Sequence
 
-from .ops import embed_ops, head_ops, layer_ops
+from . import op_cache
 
 Shape = tuple[int, int]
-
-
-def _add(out: dict, parts: dict, times: float = 1.0) -> None:
-    for k, v in parts.items():
-        out[k] += times * v
 
 
 def step_parts(cost, stage: int, shapes: Sequence[Shape]) -> tuple[dict, list[dict]]:
@@ -44,28 +40,38 @@ def step_parts(cost, stage: int, shapes: Sequence[Shape]) -> tuple[dict, list[di
     shapes = [(int(t), int(p)) for t, p in shapes]
     if not shapes or any(t < 1 or p < 0 for t, p in shapes):
         raise ValueError(f"a step needs pieces of tokens >= 1 and prefix >= 0; got {shapes}")
-    arch, par, dev = cost.arch, cost.par, cost.device
-    total = sum(t for t, _ in shapes)
-    shared: dict = defaultdict(float)
-    own = [defaultdict(float) for _ in shapes]
-    for layer, n in cost.layer_kinds(stage):
-        _add(shared, cost.ops_breakdown(op for op in layer_ops(arch, layer, total, 0, par) if not op.per_request), n)
-        kernels: dict = {}
-        for i, (t, p) in enumerate(shapes):
-            for op in layer_ops(arch, layer, t, p, par):
-                if op.per_request:
-                    own[i][op.category] += n * (dev.op_time(op) - op.kernels * dev.kernel_overhead)
-                    kernels[op.name] = max(kernels.get(op.name, 0), op.kernels)
-        shared["launch"] += n * sum(kernels.values()) * dev.kernel_overhead
-    if stage == 0:
-        _add(shared, cost.ops_breakdown(embed_ops(arch, total, par)))
-    if stage == cost.layout.last_stage:
-        _add(shared, cost.ops_breakdown(head_ops(arch, total, par, requests=len(shapes))))
+    dev = cost.device
+    shared_parts, own = _step_layers(cost.config_id, tuple(cost.layer_kinds(stage)), stage == 0,
+                                     stage == cost.layout.last_stage, tuple(shapes))
+    shared: dict = defaultdict(float, shared_parts)
     if dev.step_overhead:
         shared["step"] += dev.step_overhead
     if cost.syncs(shapes[0]):
         shared["launch_stall"] += dev.host_step
     return dict(shared), [dict(o) for o in own]
+
+
+@lru_cache(maxsize=1 << 15)
+def _step_layers(cid: int, kinds: tuple, first: bool, last: bool, shapes: tuple) -> tuple[dict, tuple]:
+    """:func:`step_parts` before the per-call terms, for the (arch, device, par) of ``cid``
+    (:func:`.op_cache.config_id`) and a stage of ``kinds`` (:meth:`.deployment.DeploymentCost.layer_kinds`)."""
+    device = op_cache.config(cid)[1]
+    total = sum(t for t, _ in shapes)
+    shared: dict = defaultdict(float)
+    own = [defaultdict(float) for _ in shapes]
+    for layer, n in kinds:
+        for k, v in op_cache.batch_shared_layer(cid, layer, total):
+            shared[k] += n * v
+        kernels: dict = {}
+        for mine, (t, p) in zip(own, shapes):
+            for category, seconds, name, launches in op_cache.batch_own_layer(cid, layer, t, p):
+                mine[category] += n * seconds
+                kernels[name] = max(kernels.get(name, 0), launches)
+        shared["launch"] += n * sum(kernels.values()) * device.kernel_overhead
+    for parts in op_cache.ends_parts(cid, total, first, last, len(shapes)):
+        for k, v in parts:
+            shared[k] += v
+    return dict(shared), tuple(dict(o) for o in own)
 
 
 def piece_times(cost, stage: int, shapes: Sequence[Shape]) -> list[float]:

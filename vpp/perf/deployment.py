@@ -19,6 +19,10 @@
 ``breakdown(stage, tokens, prefix)`` splits ``compute`` into the op categories of :mod:`.ops` plus
 ``launch`` (kernel launches) and ``step`` (per-call overhead); ``tp_comm`` is the part the paper's
 profiler counts as communication rather than computation (see :mod:`.decompose`).
+
+The times of a layer and of the ends on a chunk come from :mod:`.op_cache` (computed once per process
+for equal (arch, device, par), the same floats as afresh); an instance keeps its stages' sums per
+(stage, tokens, prefix).
 """
 
 from __future__ import annotations
@@ -28,10 +32,10 @@ from functools import lru_cache
 
 from vpp.schedules.cost import separate_calls
 
-from . import batched
+from . import batched, op_cache
 from .arch import Arch
 from .hardware import Device
-from .ops import Parallel, embed_ops, head_ops, layer_ops, pp_message_bytes
+from .ops import Parallel, pp_message_bytes
 
 
 class DeploymentCost:
@@ -59,6 +63,9 @@ class DeploymentCost:
                 counts[arch.layer_kind(i)] += 1
             self._counts.append(dict(counts))
         self._layer = lru_cache(maxsize=65536)(self._layer_breakdown)
+        self.config_id = op_cache.config_id(arch, device, self.par)
+        self._kinds = [tuple((self._example[kind], n) for kind, n in counts.items()) for counts in self._counts]
+        self._stage_parts: dict = {}   # (stage, tokens, prefix) -> its layers and ends (no per-call terms)
 
     def __repr__(self) -> str:
         return (f"DeploymentCost({self.arch.name} on {self.device.name}, tp={self.par.tp}, ep={self.par.ep}, "
@@ -67,24 +74,15 @@ class DeploymentCost:
     # -- pieces ---------------------------------------------------------------------------------------
     def ops_breakdown(self, ops) -> dict:
         """Seconds per category of ``ops`` on this device, kernel launches apart (``launch``)."""
-        out: dict = defaultdict(float)
-        dev = self.device
-        for op in ops:
-            t = dev.op_time(op)
-            if op.kind in ("allreduce", "allgather"):
-                out[op.category] += t
-            else:
-                launch = op.kernels * dev.kernel_overhead
-                out[op.category] += t - launch
-                out["launch"] += launch
-        return out
+        return op_cache.ops_breakdown(self.device, ops)
 
     def _layer_breakdown(self, kind: tuple, tokens: int, prefix: int) -> dict:
-        return dict(self.ops_breakdown(layer_ops(self.arch, self._example[kind], tokens, prefix, self.par)))
+        """Seconds per category of one layer of ``kind`` on a chunk (shared: read, never changed)."""
+        return op_cache.layer_parts(self.config_id, self._example[kind], tokens, prefix)
 
     def layer_kinds(self, stage: int) -> list[tuple[int, int]]:
         """The layers of ``stage`` by kind: (a layer of the kind, how many of the stage's layers it stands for)."""
-        return [(self._example[kind], n) for kind, n in self._counts[stage].items()]
+        return list(self._kinds[stage])
 
     def syncs(self, shape: tuple[int, int]) -> bool:
         """Whether the runner synchronises the device before a step (a call) led by a chunk of this
@@ -103,21 +101,27 @@ class DeploymentCost:
         if not 0 <= stage < self.layout.num_stages:
             raise ValueError(f"stage {stage} outside 0..{self.layout.num_stages - 1}")
         tokens, prefix = int(tokens), int(prefix)
+        parts = self._stage_parts.get((stage, tokens, prefix))
+        if parts is None:
+            parts = self._stage_parts[(stage, tokens, prefix)] = self._stage_sum(stage, tokens, prefix)
+        out = dict(parts)
+        if self.device.step_overhead:
+            out["step"] = out.get("step", 0.0) + self.device.step_overhead
+        if self.syncs((tokens, prefix)):
+            out["launch_stall"] = out.get("launch_stall", 0.0) + self.device.host_step
+        return out
+
+    def _stage_sum(self, stage: int, tokens: int, prefix: int) -> dict:
+        """The stage's layers, then the embedding (stage 0) and the head (last stage) on the stage's local
+        tokens: seconds per category."""
         out: dict = defaultdict(float)
         for kind, n in self._counts[stage].items():
             for k, v in self._layer(kind, tokens, prefix).items():
                 out[k] += n * v
-        local = self.local_tokens(tokens)
-        if stage == 0:
-            for k, v in self.ops_breakdown(embed_ops(self.arch, local, self.par)).items():
+        for parts in op_cache.ends_parts(self.config_id, self.local_tokens(tokens), stage == 0,
+                                         stage == self.layout.last_stage):
+            for k, v in parts:
                 out[k] += v
-        if stage == self.layout.last_stage:
-            for k, v in self.ops_breakdown(head_ops(self.arch, local, self.par)).items():
-                out[k] += v
-        if self.device.step_overhead:
-            out["step"] += self.device.step_overhead
-        if self.syncs((tokens, prefix)):
-            out["launch_stall"] += self.device.host_step
         return dict(out)
 
     def compute(self, stage: int, tokens: int, prefix: int) -> float:

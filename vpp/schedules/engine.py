@@ -139,8 +139,10 @@ class Engine:
 
     def _span(self, rank, kind, start, end, a: Action | None = None, peer=None) -> None:
         if self.record:
-            key = {} if a is None else dict(stage=a.stage, request=a.request, chunk=a.chunk)
-            self.spans.append(Span(rank, kind, start, end, peer=peer, **key))
+            if a is None:
+                self.spans.append(Span(rank, kind, start, end, None, None, None, peer))
+            else:
+                self.spans.append(Span(rank, kind, start, end, a.stage, a.request, a.chunk, peer))
 
     # -- one step of one rank ----------------------------------------------------------------------
     def step(self, r: int) -> bool:

@@ -288,6 +288,7 @@ class Plan:
         if self.concurrency is not None and (int(self.concurrency) != self.concurrency or self.concurrency < 1):
             raise ValueError(f"concurrency={self.concurrency} must be a whole number >= 1 (or None: unlimited)")
         object.__setattr__(self, "_step_of", self._index_steps())
+        object.__setattr__(self, "_sizes", {q.id: q.chunk_sizes for q in self.requests})
 
     def _index_steps(self) -> dict:
         chunks = {q.id: q.num_chunks for q in self.requests}
@@ -320,8 +321,7 @@ class Plan:
 
     def step_tokens(self, request: int, chunk: int) -> int:
         """Tokens of the step led by (request, chunk) (what its transfer carries)."""
-        sizes = {q.id: q.chunk_sizes for q in self.requests}
-        return sum(sizes[q][c] for q, c in self.step_pieces(request, chunk))
+        return sum(self._sizes[q][c] for q, c in self.step_pieces(request, chunk))
 
     def admission_gate(self, request_id: int) -> Request | None:
         """The request that must finish before ``request_id`` may enter (``concurrency`` places earlier

@@ -16,6 +16,7 @@ Definitions (times on the trace's clock, whose origin is the stream start, as th
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -119,11 +120,13 @@ def drain_idle(trace: Trace, plan: Plan) -> float:
             merged[-1][1] = max(merged[-1][1], b)
         else:
             merged.append([a, b])
+    starts, ends = [w[0] for w in merged], [w[1] for w in merged]
     total = 0.0
     for segs in timeline(trace):
         for kind, a, b, _ in segs:
-            if kind == "bubble":
-                total += sum(max(0.0, min(b, w1) - max(a, w0)) for w0, w1 in merged)
+            if kind == "bubble":  # the windows that can overlap [a, b] (the others add 0.0): sorted, disjoint
+                lo, hi = bisect.bisect_right(ends, a), bisect.bisect_left(starts, b)
+                total += sum(max(0.0, min(b, w1) - max(a, w0)) for w0, w1 in merged[lo:hi])
     return total
 
 

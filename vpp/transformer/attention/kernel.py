@@ -147,6 +147,14 @@ def sdpa_route(dtype: torch.dtype, width: int, q_heads: int, kv_heads: int, lq: 
     return "efficient" if q_heads == kv_heads else "expand-kv"
 
 
+@lru_cache(maxsize=None)
+def _causal_lower_right():
+    """``torch.nn.attention.bias.causal_lower_right``, imported on first use: that module imports
+    torch._dynamo (about a second), which a process that never runs SDPA with a bias does not need."""
+    from torch.nn.attention.bias import causal_lower_right
+    return causal_lower_right
+
+
 def _sdpa(q, k, v, scale):
     lq, lk, dv = q.shape[1], k.shape[1], v.shape[-1]
     q, k, v = _same_width(q, k, v)  # different widths send SDPA to its slow math path
@@ -154,9 +162,7 @@ def _sdpa(q, k, v, scale):
     if route == "expand-kv":
         group = q.shape[0] // k.shape[0]
         k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
-    if route != "causal":  # imported here: torch.nn.attention.bias imports TorchDynamo (a second per process)
-        from torch.nn.attention.bias import causal_lower_right
-    mask = None if route == "causal" else causal_lower_right(lq, lk)  # lazy: a fused kernel takes it as is
+    mask = None if route == "causal" else _causal_lower_right()(lq, lk)  # lazy: a fused kernel takes it as is
     out = F.scaled_dot_product_attention(
         q[None], k[None], v[None], attn_mask=mask, is_causal=route == "causal", scale=scale,
         enable_gqa=q.shape[0] != k.shape[0],

@@ -60,6 +60,10 @@ class RopeSpec:
         )
 
     def inv_freq(self, device=None) -> torch.Tensor:
+        if device is not None and torch.device(device).type == "meta":
+            # a shape-only build: the same tensor's shape and dtype, computed on the CPU (arange and the
+            # arithmetic on "meta" run torch's Python reference ops, whose first use imports torch._dynamo)
+            return self.inv_freq().to("meta")
         exponents = torch.arange(0, self.dim, 2, dtype=torch.int64, device=device).float() / self.dim
         base = self.theta ** exponents
         if self.rope_type == "default":
