@@ -57,6 +57,8 @@ class Faulty(ToyStage):
 def job(rank, world, mode, timeout_s, out_dir):
     with open(os.path.join(out_dir, f"running{rank}"), "w") as f:
         f.write(repr(time.time()))
+    with open(os.path.join(out_dir, f"pid{rank}"), "w") as f:  # a forked rank's command line is its server's
+        f.write(str(os.getpid()))
     if mode == "die-groups" and rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     groups = initialize_model_parallel(1, world)
