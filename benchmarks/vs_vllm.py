@@ -22,10 +22,11 @@ ranks unpinned.
 
 What differs, so the reading is fair:
 - kernels: vLLM's CPU build runs its own attention over a paged KV cache (``cpu_attention_with_kv_cache``;
-  its ``vec`` kernel on an AVX2-only CPU, AVX-512 / AMX where present), its fused MoE on prepacked
-  weights and oneDNN GEMMs; vpp runs torch's CPU flash attention (prefix and diagonal pieces merged by
-  log-sum-exp) and its experts in one pass of per-expert MKL GEMMs (``vpp/transformer/attention/kernel.py``,
-  ``vpp/transformer/expert_gemm.py``).
+  its ``vec`` kernel in fp32, AVX-512 where present; AMX only for 16-bit), its fused MoE on prepacked
+  weights and oneDNN GEMMs; vpp runs its own fp32 AVX-512 attention (``vpp/transformer/attention/
+  cpu_kernel.py``; torch's CPU flash kernel where that does not run) and its experts in one pass of
+  per-expert MKL GEMMs (``vpp/transformer/expert_gemm.py``). DeepSeek-V3 in fp32: vLLM's CPU MLA
+  backend, asked for by name (its AMX MLA backend, chosen by default on AMX CPUs, refuses fp32 weights).
 - processes: vLLM's front end, engine core and workers are separate processes (PP2: one worker per
   rank over shared memory); vpp's ranks are two processes talking over gloo (TCP on loopback).
 - timing: vLLM's TTFT is the wall time of ``LLM.generate(max_tokens=1)`` (scheduling and sampling of
@@ -38,7 +39,11 @@ What differs, so the reading is fair:
   rank without the buffer for the activations it receives; the driver runs one dummy step on every
   worker (``collective_rpc("execute_dummy_batch")``) before the first prompt.
 - threads: one per rank (``VLLM_CPU_OMP_THREADS_BIND`` pins vLLM's rank r to core r; vpp pins rank r
-  to core r). The idle engines' CPU use during the other contenders' turns is measured and reported.
+  to core r). The idle engines' CPU use during the other contenders' turns is measured and reported;
+  before each timed run the driver waits until the idle engines are quiet (vLLM's engine core polls for
+  about a second after a request, on a core the next contender needs).
+- CPU seconds: vLLM PP1's include its engine core process, which polls the worker on the other core
+  for the whole run (about 1 CPU s per TTFT s), so compare TTFT, not CPU seconds, between the engines.
 Not part of the CI suite (minutes long, and it installs a large package in a venv of its own); a smoke
 test covers the argument parsing and the model configurations.
 """
@@ -82,6 +87,10 @@ DEEPSEEK = {
     "torch_dtype": "float32", "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
 }
 MODELS = {"qwen3-moe": QWEN, "deepseek-v3": DEEPSEEK}
+# vLLM picks its AMX MLA backend wherever the CPU has AMX, and that backend takes 16-bit weights only
+# ("expect weight to be bfloat16, float16, int8, ..." at load): in fp32 its CPU MLA backend is the one that runs.
+VLLM_ATTENTION_BACKEND = {"deepseek-v3": "CPU_MLA"}
+SETTLE_S = (0.2, 10.0)  # an idle engine counts as quiet after a 0.2 s window with < 10% of a core; wait <= 10 s
 CONTENDERS = ("vllm-pp1", "vllm-pp2", "vpp-pp1", "vpp-pp2-cpp", "vpp-pp2-vpp-async")
 BASELINE = {"vllm-pp1": None, "vllm-pp2": None, "vpp-pp1": "vllm-pp1", "vpp-pp2-cpp": "vllm-pp2",
             "vpp-pp2-vpp-async": "vllm-pp2"}
@@ -101,6 +110,8 @@ kw = dict(model=args["model"], dtype="float32", enforce_eager=True, skip_tokeniz
           enable_prefix_caching=False, max_num_seqs=1, seed=0, pipeline_parallel_size=args["pp"])
 if args["pp"] > 1:
     kw["distributed_executor_backend"] = "mp"
+if args.get("attention_backend"):
+    kw["attention_backend"] = args["attention_backend"]
 llm = LLM(**kw)
 if args["pp"] > 1:
     # vLLM 0.32's CPU runner skips its warm-up under enforce_eager, and a later rank's buffer for the
@@ -211,10 +222,12 @@ def cpu_seconds(pid: int) -> float:
 class VllmEngine:
     """One vLLM engine in the venv's interpreter, driven over stdin/stdout."""
 
-    def __init__(self, python: str, model_dir: str, pp: int, chunk: int, max_len: int, log_dir: str):
+    def __init__(self, python: str, model_dir: str, pp: int, chunk: int, max_len: int, log_dir: str,
+                 attention_backend: str | None = None):
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="|".join(str(r) for r in range(pp)),
                    VLLM_CPU_KVCACHE_SPACE="2", OMP_NUM_THREADS="1", VLLM_TARGET_DEVICE="cpu")
-        cfg = json.dumps({"model": model_dir, "pp": pp, "chunk": chunk, "max_len": max_len})
+        cfg = json.dumps({"model": model_dir, "pp": pp, "chunk": chunk, "max_len": max_len,
+                          "attention_backend": attention_backend})
         self.log = os.path.join(log_dir, f"vllm_pp{pp}.log")
         self.proc = subprocess.Popen([python, "-c", VLLM_DRIVER, cfg], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=open(self.log, "w"), text=True, env=env, start_new_session=True)
@@ -390,6 +403,21 @@ def summarize(samples: dict) -> dict:
     return out
 
 
+def settle(engines: dict) -> float:
+    """Wait until every vLLM engine is quiet (its process tree used < 10% of a core over a 0.2 s window),
+    at most 10 s; returns the seconds waited. vLLM's engine core keeps polling for about a second after a
+    request, on a core the next contender needs: without this wait the contender after a vLLM run
+    shares its core with that poll (measured: 1.0-1.1 CPU s during vpp PP1's 3 s)."""
+    window, limit = SETTLE_S
+    start = time.perf_counter()
+    while time.perf_counter() - start < limit:
+        before = sum(cpu_seconds(e.proc.pid) for e in engines.values())
+        time.sleep(window)
+        if sum(cpu_seconds(e.proc.pid) for e in engines.values()) - before < 0.1 * window:
+            break
+    return time.perf_counter() - start
+
+
 def busy_loops(n: int) -> list[subprocess.Popen]:
     """``n`` busy loops at this process's niceness, as vpp's ranks run, in a session of their own as
     other work is (Linux's autogroup shares the cores between sessions first, then between the tasks
@@ -478,7 +506,8 @@ def main(argv=None) -> int:
             try:
                 for pp in (pp for pp in (1, 2) if f"vllm-pp{pp}" in args.contenders):
                     try:
-                        engines[pp] = VllmEngine(python, model_dir, pp, args.chunk, max_len, args.logs)
+                        engines[pp] = VllmEngine(python, model_dir, pp, args.chunk, max_len, args.logs,
+                                                 VLLM_ATTENTION_BACKEND.get(name))
                     except RuntimeError as exc:  # reported, and its contenders left out of the window
                         failed[f"{name}/vllm-pp{pp}"] = str(exc)
                         print(f"{name}: vLLM PP{pp} did not start: {exc}", flush=True)
@@ -507,6 +536,7 @@ def main(argv=None) -> int:
                     busy = busy_loops(args.busy)
                     for r in range(args.rounds):
                         for who in who_runs:
+                            settle(engines)
                             others = {pp: cpu_seconds(e.proc.pid) for pp, e in engines.items()}
                             res = runners[who]()
                             for pp, e in engines.items():

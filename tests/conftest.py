@@ -66,6 +66,10 @@ def pytest_configure(config):
     # what the suite's rank functions import, imported once by the rank server instead of by every rank
     from vpp.parallel.spawn import preload
     preload("pytest", "transformers", "tests.models.hf_tiny", "tests.worlds")
+    # vpp's CPU attention kernel is compiled at its first use (a compiler process, into the cache
+    # directory): compile it here, once, so no test (and no rank) is the one that happens to build it
+    from vpp.transformer.attention import cpu_kernel
+    cpu_kernel.library()
     try:
         import matplotlib
         matplotlib.use("Agg")

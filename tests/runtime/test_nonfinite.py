@@ -152,3 +152,15 @@ def test_cli_check_and_generate_exit_1_in_one_line(nan_model, capsys):
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vpp generate: error: ") and "non-finite" in lines[0], err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_stage_finite_flag_sees_every_kind_of_non_finite(dtype):
+    from vpp.models.stage import _all_finite
+    h = torch.randn(33, 17).to(dtype)
+    assert bool(_all_finite(h)) and bool(_all_finite(h[:0]))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for where in ((0, 0), (20, 9), (32, 16)):
+            x = h.clone()
+            x[where] = bad
+            assert not bool(_all_finite(x)), (bad, where)

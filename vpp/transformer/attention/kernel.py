@@ -16,7 +16,10 @@ sees every key given) and ``causal=True`` with as many queries as keys (query i 
 
 Kernels, per device kind:
 
-* CPU: ``causal_attention`` with Lq < Lk is the prefix (no mask) merged with the square diagonal
+* CPU, fp32 on a core with AVX-512: vpp's own kernel (:mod:`.cpu_kernel`), one pass over the keys
+  for the whole bottom-right causal chunk and for every piece, grouped-query heads in the kernel.
+* CPU otherwise (and with ``VPP_CPU_ATTENTION=torch``, the reference it is tested against):
+  ``causal_attention`` with Lq < Lk is the prefix (no mask) merged with the square diagonal
   (``is_causal``): no [Lq, Lk] mask is built, so its memory does not grow with the prefix; pieces come
   from ``aten._scaled_dot_product_flash_attention_for_cpu`` (it returns the log-sum-exp). One query
   (a decode step) sees every key: one piece, no merge.
@@ -53,6 +56,8 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
+from vpp.transformer.attention import cpu_kernel
+
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 Partial = tuple[torch.Tensor, torch.Tensor]  # (output [H, Lq, Dv], log-sum-exp [H, Lq] fp32)
 
@@ -76,6 +81,9 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
         raise ValueError(f"a causal piece needs as many queries as keys, got {q.shape[1]} and {k.shape[1]}")
     if k.shape[1] == 0:
         raise ValueError("an attention piece needs at least one key")
+    if q.device.type == "cpu" and cpu_kernel.supports(q, k, v):  # grouped heads in the kernel itself
+        out, lse = cpu_kernel.attention(q, k, v, scale, 0 if causal else k.shape[1])
+        return out, lse
     hq, hk = q.shape[0], k.shape[0]
     if hq == hk:
         return lse_kernel_for(q.device.type)(q, k, v, scale, causal)
@@ -171,9 +179,12 @@ def _sdpa(q, k, v, scale):
 
 
 def _cpu_split(q, k, v, scale):
-    """CPU: the square diagonal with ``is_causal``; after a prefix, the prefix piece (no mask) merged
-    with the diagonal piece. The memory of neither grows with the prefix beyond K/V themselves."""
+    """CPU: vpp's kernel in one pass where it runs; else the square diagonal with ``is_causal``, and
+    after a prefix the prefix piece (no mask) merged with the diagonal piece. The memory of neither
+    grows with the prefix beyond K/V themselves."""
     lq, lk = q.shape[1], k.shape[1]
+    if cpu_kernel.supports(q, k, v):
+        return cpu_kernel.attention(q, k, v, scale, lk - lq)[0]
     if lq == lk:
         return _sdpa(q, k, v, scale)
     if lq == 1:  # a decode step: the last position sees every key, one piece without a mask

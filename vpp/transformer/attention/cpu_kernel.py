@@ -1,0 +1,178 @@
+"""vpp's own CPU attention kernel (fp32, AVX-512): built on first use, called through ctypes.
+
+What it computes (``csrc/attn_avx512.cpp`` says how): for q [Hq, Lq, D], k [Hk, Lk, D], v [Hk, Lk, Dv]
+(Hk dividing Hq, grouped-query heads handled in the kernel, no repeated K/V) and an ``offset``, query
+i sees keys j <= i + offset; it returns the output [Hq, Lq, Dv] (fp32) and the log-sum-exp [Hq, Lq].
+``offset = Lk - Lq`` is a chunk after a cached prefix (bottom-right causal) in one pass, with no
+prefix/diagonal merge and no masked key block touched; ``offset = Lk`` every key; ``offset = 0`` with
+Lq == Lk a square causal piece.
+
+Why: on one AVX-512 core (a 2-core Xeon with AMX, fp32) it ran a 1024-token chunk of 8 query heads
+over 8K-16K cached keys (2 key heads, width 64) at 167-173 GFLOP/s, against 153-157 for torch's CPU
+flash kernel called as prefix + diagonal pieces (``benchmarks/attention_kernel.py`` measures both).
+
+How it is built: the C++ source ships in the package; the first call compiles it with the C++
+compiler (``$CXX``, else ``g++``/``c++``; about a second) into ``$VPP_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/vpp`` or ``~/.cache/vpp``), named by a hash of the source and the flags, so later
+processes load it. Nothing is compiled at install time and the AVX-512 code is selected per
+function, so the library builds on any x86-64; the library says itself whether this CPU runs it.
+
+Where it is not used (the caller falls back to torch's kernel, the reference path): not x86-64, no
+AVX-512 F/DQ, no compiler, a failed build (logged once, with the compiler's message), dtype other
+than float32, a value width not a multiple of 16, or ``VPP_CPU_ATTENTION=torch``.
+``VPP_CPU_ATTENTION=vpp`` makes an unusable kernel an error instead of a fallback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "attn_avx512.cpp"
+FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-pthread", "-fno-math-errno")
+MODES = ("auto", "vpp", "torch")
+ENV = "VPP_CPU_ATTENTION"
+
+_lock = threading.Lock()
+_state: dict = {}  # "lib": the loaded library or None, "why": the reason it is None
+
+
+def mode() -> str:
+    """``VPP_CPU_ATTENTION``: ``auto`` (default: the kernel where it runs, else torch's), ``vpp``
+    (the kernel or an error) or ``torch`` (always torch's kernel)."""
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"{ENV}={value!r} is not one of {MODES}")
+    return value
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("VPP_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "vpp"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "g++", "c++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def build(directory: Path | None = None, compiler: str | None = None) -> Path:
+    """Compile the kernel (or find it already compiled) and return the shared library's path; raises
+    RuntimeError (one line, the compiler's last message) where it cannot."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"the kernel is x86-64 AVX-512 code; this machine is {platform.machine()}")
+    compiler = compiler or _compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler ($CXX, g++ or c++) on PATH")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join((os.path.basename(compiler),) + FLAGS).encode()).hexdigest()[:16]
+    directory = Path(directory or cache_dir())
+    target = directory / f"libvpp_attn_{key}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        proc = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+                              timeout=300)
+        if proc.returncode:
+            last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+            raise RuntimeError(f"{os.path.basename(compiler)} exited with {proc.returncode} building {SOURCE.name}: "
+                               f"{last}")
+        os.replace(tmp, target)  # atomic: ranks building at once each finish a whole file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _load() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build()))
+    if lib.vpp_attn_abi() != 1:
+        raise RuntimeError(f"{SOURCE.name}: unexpected ABI {lib.vpp_attn_abi()}")
+    if not lib.vpp_attn_cpu_ok():
+        raise RuntimeError("this CPU has no AVX-512 F/DQ")
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.vpp_attn_f32.argtypes = [ptr] * 5 + [i64] * 13 + [ctypes.c_float, ctypes.c_int]
+    lib.vpp_attn_f32.restype = ctypes.c_int
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel, or None where it cannot run here (the reason: :func:`unavailable_reason`)."""
+    if "lib" not in _state:
+        with _lock:
+            if "lib" not in _state:
+                try:
+                    _state["lib"], _state["why"] = _load(), None
+                except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                    _state["lib"], _state["why"] = None, str(exc)
+                    log.warning("vpp's CPU attention kernel is not used (%s); torch's CPU flash kernel runs instead",
+                                exc)
+    return _state["lib"]
+
+
+def unavailable_reason() -> str | None:
+    library()
+    return _state["why"]
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether :func:`attention` takes these tensors here (and the mode lets it)."""
+    want = mode()
+    if want == "torch":
+        return False
+    shapes_ok = (q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32 and q.dim() == 3
+                 and v.shape[-1] % 16 == 0 and k.shape[0] > 0 and q.shape[0] % k.shape[0] == 0
+                 and q.shape[1] > 0 and k.shape[1] > 0)
+    if not shapes_ok:
+        return False
+    if library() is None:
+        if want == "vpp":
+            raise RuntimeError(f"{ENV}=vpp but vpp's CPU attention kernel cannot run here: {_state['why']}")
+        return False
+    return True
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, offset: int,
+              threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * scale) v where query i sees keys j <= i + ``offset``: (output [Hq, Lq, Dv] fp32,
+    log-sum-exp [Hq, Lq] fp32). Call :func:`supports` first. ``threads`` defaults to torch's."""
+    lib = library()
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    hq, lq, d = q.shape
+    hk, lk, dv = v.shape
+    if k.shape != (hk, lk, d):
+        raise ValueError(f"k {tuple(k.shape)} does not match q {tuple(q.shape)} and v {tuple(v.shape)}")
+    if q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu":
+        raise ValueError(f"vpp's CPU attention kernel takes CPU tensors, got {q.device}, {k.device}, {v.device}")
+    # the device is given: under `with torch.device(...)` a bare empty() would land elsewhere
+    out = torch.empty(hq, lq, dv, dtype=torch.float32, device=q.device)
+    lse = torch.empty(hq, lq, dtype=torch.float32, device=q.device)
+    rc = lib.vpp_attn_f32(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), hq, hk, lq, lk,
+                          d, dv, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                          int(offset), float(scale), int(threads or torch.get_num_threads()))
+    if rc:
+        raise ValueError(f"vpp_attn_f32 refused q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} ({rc})")
+    return out, lse
+
+
+__all__ = ["ENV", "MODES", "attention", "build", "cache_dir", "library", "mode", "supports", "unavailable_reason"]
