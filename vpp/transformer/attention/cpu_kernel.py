@@ -158,6 +158,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, o
     log-sum-exp [Hq, Lq] fp32). Call :func:`supports` first. ``threads`` defaults to torch's."""
     lib = library()
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    if v.stride(1) != v.shape[-1]:
+        # values are read a row per key in the kernel's innermost loop: rows far apart (MLA's expanded
+        # values are a strided view, one key every heads x width floats) alias in the caches, so a copy
+        # of O(keys x width) pays for itself (queries and keys are packed inside the kernel anyway)
+        v = v.contiguous()
     hq, lq, d = q.shape
     hk, lk, dv = v.shape
     if k.shape != (hk, lk, d):

@@ -6,7 +6,8 @@
 // Grouped-query heads (g = Hq / Hk) are handled natively: the g query heads of a key head share
 // each packed key block, so K and V are read once per query block whatever g is.
 //
-// Layout of the work: a work item is (key head, block of BQ query positions); its key range ends
+// Layout of the work: a work item is (key head, block of query positions: ROWS rows over the grouped
+// heads, so each packed key block serves >= 256 rows whatever g is); its key range ends
 // at the last key its last query sees (the fully masked blocks are never touched). Per key block
 // of BK keys, K is packed transposed ([D, BK]) and, per tile of R <= 6 query rows, the scores
 // S = Q K^T (Q pre-scaled by scale * log2 e) land in a small buffer, the softmax update runs on it
@@ -27,7 +28,7 @@
 
 namespace {
 
-constexpr int BQ = 64;    // query positions per work item
+constexpr int ROWS = 256;  // query rows (positions x grouped heads) per work item, at least
 constexpr int BK = 512;   // keys per packed block
 constexpr int RMAX = 6;   // query rows per register tile
 constexpr float LOG2E = 1.4426950408889634f;
@@ -40,7 +41,7 @@ struct Args {
   int64_t q_sh, q_sl, k_sh, k_sl, v_sh, v_sl;
   int64_t offset;
   float scale;
-  int64_t items, nq;  // work items, query blocks per head
+  int64_t bq, items, nq;  // query positions per work item, work items, query blocks per head
   int threads;
 };
 
@@ -206,8 +207,8 @@ struct Scratch {
 
 TGT void work_item(const Args& a, int64_t item, Scratch& w) {
   const int64_t g = a.hq / a.hk;
-  const int64_t h = item / a.nq, p0 = (item % a.nq) * BQ;
-  const int64_t p1 = p0 + BQ < a.lq ? p0 + BQ : a.lq, np = p1 - p0;
+  const int64_t h = item / a.nq, p0 = (item % a.nq) * a.bq;
+  const int64_t p1 = p0 + a.bq < a.lq ? p0 + a.bq : a.lq, np = p1 - p0;
   const float qscale = a.scale * LOG2E;
   // pack the block's query rows, pre-scaled: row (head u of the group, position p) at (u * np + p - p0)
   for (int64_t u = 0; u < g; ++u)
@@ -273,11 +274,11 @@ void* worker(void* arg) {
   const Args& a = *job->a;
   const int64_t g = a.hq / a.hk;
   Scratch w;
-  w.qs = static_cast<float*>(aligned_alloc(64, sizeof(float) * ((g * BQ * a.d + 15) & ~int64_t(15))));
+  w.qs = static_cast<float*>(aligned_alloc(64, sizeof(float) * ((g * a.bq * a.d + 15) & ~int64_t(15))));
   w.kt = static_cast<float*>(aligned_alloc(64, sizeof(float) * a.d * BK));
   w.s = static_cast<float*>(aligned_alloc(64, sizeof(float) * RMAX * BK));
-  w.m = static_cast<float*>(malloc(sizeof(float) * g * BQ));
-  w.l = static_cast<float*>(malloc(sizeof(float) * g * BQ));
+  w.m = static_cast<float*>(malloc(sizeof(float) * g * a.bq));
+  w.l = static_cast<float*>(malloc(sizeof(float) * g * a.bq));
   // interleaved items: the causal ones grow along the query axis, so neighbours share the work
   for (int64_t item = job->index; item < a.items; item += a.threads) work_item(a, item, w);
   free(w.qs); free(w.kt); free(w.s); free(w.m); free(w.l);
@@ -301,8 +302,11 @@ int vpp_attn_f32(const float* q, const float* k, const float* v, float* out, flo
                  int64_t lq, int64_t lk, int64_t d, int64_t dv, int64_t q_sh, int64_t q_sl, int64_t k_sh,
                  int64_t k_sl, int64_t v_sh, int64_t v_sl, int64_t offset, float scale, int threads) {
   if (hk <= 0 || hq % hk || d <= 0 || dv <= 0 || dv % 16 || lq <= 0 || lk <= 0) return -1;
-  Args a{q, k, v, out, lse, hq, hk, lq, lk, d, dv, q_sh, q_sl, k_sh, k_sl, v_sh, v_sl, offset, scale, 0, 0, 1};
-  a.nq = (lq + BQ - 1) / BQ;
+  Args a{q, k, v, out, lse, hq, hk, lq, lk, d, dv, q_sh, q_sl, k_sh, k_sl, v_sh, v_sl, offset, scale, 0, 0, 0, 1};
+  // each packed key block serves at least ROWS query rows: 64 positions of 4 grouped heads, 256 of one
+  a.bq = (ROWS / (hq / hk) + RMAX - 1) / RMAX * RMAX;
+  if (a.bq < 2 * RMAX) a.bq = 2 * RMAX;
+  a.nq = (lq + a.bq - 1) / a.bq;
   a.items = hk * a.nq;
   a.threads = threads < 1 ? 1 : (threads > a.items ? (int)a.items : threads);
   if (a.threads == 1) {
