@@ -106,3 +106,37 @@ def test_arbitrate_reads_a_results_file(tmp_path, monkeypatch):
     path.write_text(json.dumps({"args": {"lengths": [32]}, "tokens": {"qwen3-moe": {"vpp": greedy, "vllm": other}}}))
     text = vs_vllm.arbitrate(str(path))
     assert "vpp 4 of 4;" in text and "(first departure at step 2: transformers' choice no. " in text
+
+
+def test_settle_waits_while_an_idle_engine_polls_and_gives_up_at_its_limit(monkeypatch):
+    """vLLM's engine core polls for about a second after a request: the next contender starts only
+    when the idle engines used < 10% of a core over a window (or after the limit)."""
+    class Proc:
+        pid = 1
+
+    class Engine:
+        proc = Proc()
+
+    busy_windows = iter([1, 1, 0])  # two busy windows, then a quiet one
+    clock = {"t": 0.0, "cpu": 0.0}
+
+    def cpu_seconds(pid):
+        return clock["cpu"]
+
+    def sleep(s):
+        clock["t"] += s
+        clock["cpu"] += s * (1.0 if next(busy_windows, 0) else 0.0)
+    monkeypatch.setattr(vs_vllm, "cpu_seconds", cpu_seconds)
+    monkeypatch.setattr(vs_vllm.time, "sleep", sleep)
+    monkeypatch.setattr(vs_vllm.time, "perf_counter", lambda: clock["t"])
+    assert vs_vllm.settle({1: Engine()}) == pytest.approx(3 * vs_vllm.SETTLE_S[0])
+    busy_windows = iter([1] * 10_000)  # never quiet: the limit ends the wait
+    monkeypatch.setattr(vs_vllm, "cpu_seconds", lambda pid: clock["t"])  # a whole core, always
+    waited = vs_vllm.settle({1: Engine()})
+    assert vs_vllm.SETTLE_S[1] <= waited <= vs_vllm.SETTLE_S[1] + vs_vllm.SETTLE_S[0] + 1e-9
+
+
+def test_mla_models_ask_vllm_for_its_fp32_mla_backend():
+    """vLLM's AMX MLA backend (its default on AMX CPUs) refuses fp32 weights at load."""
+    for name, cfg in vs_vllm.MODELS.items():
+        assert (vs_vllm.VLLM_ATTENTION_BACKEND.get(name) == "CPU_MLA") == ("kv_lora_rank" in cfg), name

@@ -148,3 +148,18 @@ def test_ranks_building_at_once_each_load_a_whole_library(tmp_path):
     paths = {p.communicate(timeout=120)[0].strip() for p in procs}
     assert all(p.returncode == 0 for p in procs)
     assert len(paths) == 1 and [p.name for p in tmp_path.iterdir()] == [os.path.basename(paths.pop())]
+
+
+@needs_kernel
+def test_a_nan_reaches_the_output_as_in_torch_s_kernel(monkeypatch):
+    """A NaN in a query or a key must come out as NaN (the stage's finite check names the layer), not
+    vanish in the softmax's clamp or maximum."""
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = torch.randn(8, 40, 64, generator=gen), torch.randn(2, 700, 64, generator=gen), torch.randn(2, 700, 64, generator=gen)
+    q[3, 7, 5] = float("nan")  # one query row of head 3
+    k[1, 650, 0] = float("nan")  # a key of key head 1 that every row sees (650 <= i + 660)
+    out = cpu_kernel.attention(q, k, v, 0.125, 660)[0]
+    monkeypatch.setenv("VPP_CPU_ATTENTION", "torch")
+    want = kernel.causal_attention(q, k, v, 0.125)
+    assert torch.equal(out.isnan().any(-1), want.isnan().any(-1))
+    assert out[3, 7].isnan().all() and out[4:].isnan().all() and not out[:3].isnan().any()

@@ -46,8 +46,10 @@ struct Args {
 };
 
 TGT inline __m512 exp2_ps(__m512 x) {
-  // 2^x for x <= 0 (and -inf): n = round(x), f = x - n in [-0.5, 0.5], 2^f by Taylor to degree 7
-  x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+  // 2^x for x <= 0 (and -inf): n = round(x), f = x - n in [-0.5, 0.5], 2^f by Taylor to degree 7.
+  // The clamp keeps a NaN (maxps returns its second operand when either is NaN): a NaN score makes a
+  // NaN output, as in torch's kernels, so the stage's finite check still sees it.
+  x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
   __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 f = _mm512_sub_ps(x, n);
   __m512 p = _mm512_set1_ps(1.5252733804059840e-05f);                 // ln2^7 / 7!
