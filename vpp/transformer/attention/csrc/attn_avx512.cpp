@@ -31,6 +31,7 @@ namespace {
 constexpr int ROWS = 256;  // query rows (positions x grouped heads) per work item, at least
 constexpr int BK = 512;   // keys per packed block
 constexpr int RMAX = 6;   // query rows per register tile
+constexpr int64_t PACK_ONCE_BYTES = 64 << 20;  // K^T packed once per call up to this size
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
@@ -42,6 +43,8 @@ struct Args {
   int64_t offset;
   float scale;
   int64_t bq, items, nq;  // query positions per work item, work items, query blocks per head
+  const float* kt_all;    // every head's K^T packed once per call (panels of 64 keys), or null
+  int64_t kt_ld;          // keys per head in kt_all (lk rounded up to 64)
   int threads;
 };
 
@@ -203,6 +206,20 @@ TGT void tile_any(int rows, const Args& a, const float* qs, const int64_t* pos, 
   }
 }
 
+// K^T of n keys (rows k_sl floats apart) in panels of 64 keys: panel i is [d, 64], key 64 i + c at
+// column c; columns past n (up to the next multiple of 64) are zero.
+void pack_panels(const float* k, int64_t k_sl, int64_t d, int64_t n, float* dst) {
+  const int64_t ldk = (n + 63) & ~int64_t(63);
+  for (int64_t j = 0; j < ldk; ++j) {
+    float* col = dst + (j / 64) * 64 * d + (j % 64);
+    const float* src = k + j * k_sl;
+    if (j < n)
+      for (int64_t dd = 0; dd < d; ++dd) col[dd * 64] = src[dd];
+    else
+      for (int64_t dd = 0; dd < d; ++dd) col[dd * 64] = 0.0f;
+  }
+}
+
 struct Scratch {
   float *qs, *kt, *s, *m, *l;
 };
@@ -232,15 +249,11 @@ TGT void work_item(const Args& a, int64_t item, Scratch& w) {
   const float* vh = a.v + h * a.v_sh;
   for (int64_t j0 = 0; j0 < kend; j0 += BK) {
     const int64_t n = j0 + BK < kend ? BK : kend - j0;
-    const int64_t ldk = (n + 63) & ~int64_t(63);
-    for (int64_t j = 0; j < ldk; ++j) {  // K^T for this block in panels of 64 keys, zero columns past n
-      float* dst = w.kt + (j / 64) * 64 * a.d + (j % 64);
-      const float* src = kh + (j0 + j) * a.k_sl;
-      if (j < n)
-        for (int64_t dd = 0; dd < a.d; ++dd) dst[dd * 64] = src[dd];
-      else
-        for (int64_t dd = 0; dd < a.d; ++dd) dst[dd * 64] = 0.0f;
-    }
+    const float* kt = w.kt;
+    if (a.kt_all != nullptr)  // packed once for the call: this block's panels start at key j0
+      kt = a.kt_all + h * a.d * a.kt_ld + j0 * a.d;
+    else
+      pack_panels(kh + j0 * a.k_sl, a.k_sl, a.d, n, w.kt);
     const float* vblk = vh + j0 * a.v_sl;
     for (int64_t u = 0; u < g; ++u) {
       for (int64_t t0 = 0; t0 < np; t0 += RMAX) {
@@ -253,7 +266,7 @@ TGT void work_item(const Args& a, int64_t item, Scratch& w) {
           o[r] = a.out + ((h * g + u) * a.lq + pos[r]) * a.dv;
         }
         const int64_t r0 = u * np + t0;
-        tile_any(rt, a, w.qs + r0 * a.d, pos, o, w.m + r0, w.l + r0, w.kt, j0, n, vblk, w.s);
+        tile_any(rt, a, w.qs + r0 * a.d, pos, o, w.m + r0, w.l + r0, kt, j0, n, vblk, w.s);
       }
     }
   }
@@ -287,30 +300,7 @@ void* worker(void* arg) {
   return nullptr;
 }
 
-}  // namespace
-
-extern "C" {
-
-int vpp_attn_abi(void) { return 1; }
-
-// 1 where this CPU runs the kernel (AVX-512 F and DQ), else 0: the caller asks before any call.
-int vpp_attn_cpu_ok(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-}
-
-// Returns 0, or a negative code for arguments the kernel refuses (the caller checks them first).
-int vpp_attn_f32(const float* q, const float* k, const float* v, float* out, float* lse, int64_t hq, int64_t hk,
-                 int64_t lq, int64_t lk, int64_t d, int64_t dv, int64_t q_sh, int64_t q_sl, int64_t k_sh,
-                 int64_t k_sl, int64_t v_sh, int64_t v_sl, int64_t offset, float scale, int threads) {
-  if (hk <= 0 || hq % hk || d <= 0 || dv <= 0 || dv % 16 || lq <= 0 || lk <= 0) return -1;
-  Args a{q, k, v, out, lse, hq, hk, lq, lk, d, dv, q_sh, q_sl, k_sh, k_sl, v_sh, v_sl, offset, scale, 0, 0, 0, 1};
-  // each packed key block serves at least ROWS query rows: 64 positions of 4 grouped heads, 256 of one
-  a.bq = (ROWS / (hq / hk) + RMAX - 1) / RMAX * RMAX;
-  if (a.bq < 2 * RMAX) a.bq = 2 * RMAX;
-  a.nq = (lq + a.bq - 1) / a.bq;
-  a.items = hk * a.nq;
-  a.threads = threads < 1 ? 1 : (threads > a.items ? (int)a.items : threads);
+int run_items(Args& a) {
   if (a.threads == 1) {
     Job job{&a, 0};
     worker(&job);
@@ -336,6 +326,47 @@ int vpp_attn_f32(const float* q, const float* k, const float* v, float* out, flo
   worker(&jobs[0]);
   for (int t = 1; t < a.threads; ++t) pthread_join(tids[t], nullptr);
   return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int vpp_attn_abi(void) { return 1; }
+
+// 1 where this CPU runs the kernel (AVX-512 F and DQ), else 0: the caller asks before any call.
+int vpp_attn_cpu_ok(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+}
+
+// Returns 0, or a negative code for arguments the kernel refuses (the caller checks them first).
+int vpp_attn_f32(const float* q, const float* k, const float* v, float* out, float* lse, int64_t hq, int64_t hk,
+                 int64_t lq, int64_t lk, int64_t d, int64_t dv, int64_t q_sh, int64_t q_sl, int64_t k_sh,
+                 int64_t k_sl, int64_t v_sh, int64_t v_sl, int64_t offset, float scale, int threads) {
+  if (hk <= 0 || hq % hk || d <= 0 || dv <= 0 || dv % 16 || lq <= 0 || lk <= 0) return -1;
+  Args a{q, k, v, out, lse, hq, hk, lq, lk, d, dv, q_sh, q_sl, k_sh, k_sl, v_sh, v_sl, offset, scale,
+         0, 0, 0, nullptr, 0, 1};
+  // each packed key block serves at least ROWS query rows: 64 positions of 4 grouped heads, 256 of one
+  a.bq = (ROWS / (hq / hk) + RMAX - 1) / RMAX * RMAX;
+  if (a.bq < 2 * RMAX) a.bq = 2 * RMAX;
+  a.nq = (lq + a.bq - 1) / a.bq;
+  a.items = hk * a.nq;
+  a.threads = threads < 1 ? 1 : (threads > a.items ? (int)a.items : threads);
+  // Several query blocks per head read the same keys: pack every head's K^T once for the call instead
+  // of once per work item, where that fits in PACK_ONCE_BYTES (else each work item packs its blocks).
+  float* kt_all = nullptr;
+  a.kt_ld = (lk + 63) & ~int64_t(63);
+  if (a.nq > 1 && hk * d * a.kt_ld * (int64_t)sizeof(float) <= PACK_ONCE_BYTES) {
+    kt_all = static_cast<float*>(aligned_alloc(64, sizeof(float) * hk * d * a.kt_ld));
+    if (kt_all != nullptr) {
+      for (int64_t h = 0; h < hk; ++h) pack_panels(k + h * k_sh, k_sl, d, lk, kt_all + h * d * a.kt_ld);
+      a.kt_all = kt_all;
+    }
+  }
+  const int rc = run_items(a);
+  free(kt_all);
+  return rc;
 }
 
 }  // extern "C"
