@@ -92,7 +92,7 @@ def measure(args) -> list[dict]:
 
 def render(rows: list[dict], args) -> str:
     (hq, hk), (d, dv) = args.heads, args.width
-    lines = [f"# One chunk's attention on CPU: vpp's kernel vs torch's flash kernel", "",
+    lines = ["# One chunk's attention on CPU: vpp's kernel vs torch's flash kernel", "",
              f"`python -m benchmarks.attention_kernel --prefixes {','.join(map(str, args.prefixes))} --chunk "
              f"{args.chunk} --heads {hq},{hk} --width {d},{dv} --reps {args.reps} --threads {args.threads}` "
              f"(fp32; CPU capability {torch.backends.cpu.get_cpu_capability()}; load average "

@@ -88,7 +88,8 @@ DEEPSEEK = {
 }
 # The same DeepSeek-V3 with 4 attention heads: vLLM's CPU MLA prefills a prompt in one unchunked step whose
 # scores grow with heads x tokens^2, and at 16K with 8 heads its worker is killed out of memory on a 24 GB
-# machine (15.5 GB resident); with 4 it fits.
+# machine (15.5 GB resident); with 4 it stays in memory, but on a 2-core Xeon its first 16K request (16 greedy
+# tokens) had not finished after 6 minutes, so no 16K figure was taken with it either.
 DEEPSEEK_4H = dict(DEEPSEEK, num_attention_heads=4, num_key_value_heads=4)
 MODELS = {"qwen3-moe": QWEN, "deepseek-v3": DEEPSEEK, "deepseek-v3-4h": DEEPSEEK_4H}
 # vLLM picks its AMX MLA backend wherever the CPU has AMX, and that backend takes 16-bit weights only

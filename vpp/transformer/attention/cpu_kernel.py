@@ -8,8 +8,12 @@ prefix/diagonal merge and no masked key block touched; ``offset = Lk`` every key
 Lq == Lk a square causal piece.
 
 Why: on one AVX-512 core (a 2-core Xeon with AMX, fp32) it ran a 1024-token chunk of 8 query heads
-over 8K-16K cached keys (2 key heads, width 64) at 167-173 GFLOP/s, against 153-157 for torch's CPU
+after 3K-15K cached keys (2 key heads, width 64) at 181-185 GFLOP/s, against 144-155 for torch's CPU
 flash kernel called as prefix + diagonal pieces (``benchmarks/attention_kernel.py`` measures both).
+
+Memory: each key head's K^T is packed once per call (keys x width floats, at most 64 MB for the call;
+past that each block of queries packs 512 keys at a time), and a value tensor whose rows are not
+adjacent (MLA's expanded values) is copied contiguous first.
 
 How it is built: the C++ source ships in the package; the first call compiles it with the C++
 compiler (``$CXX``, else ``g++``/``c++``; about a second) into ``$VPP_CACHE_DIR`` (default

@@ -9,7 +9,8 @@
 // Layout of the work: a work item is (key head, block of query positions: ROWS rows over the grouped
 // heads, so each packed key block serves >= 256 rows whatever g is); its key range ends
 // at the last key its last query sees (the fully masked blocks are never touched). Per key block
-// of BK keys, K is packed transposed ([D, BK]) and, per tile of R <= 6 query rows, the scores
+// of BK keys, K is packed transposed ([D, BK] in panels of 64 keys; every head's K^T once per call
+// where that takes <= PACK_ONCE_BYTES, else per work item) and, per tile of R <= 6 query rows, the scores
 // S = Q K^T (Q pre-scaled by scale * log2 e) land in a small buffer, the softmax update runs on it
 // in place (exp2 by a degree-7 polynomial and scalef, a few ulp), and O += P V accumulates into
 // the output rows (fp32). Work items are shared out over ``threads`` pthreads.
