@@ -86,7 +86,11 @@ def test_the_kernel_table_routes_fp32_cpu_attention_to_it(monkeypatch):
     monkeypatch.delenv("VPP_CPU_ATTENTION")
     kernel.causal_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.125)  # not fp32: torch's kernel
     kernel.causal_attention(q, k, v[..., :40], 0.125)  # value width not a multiple of 16: torch's kernel
+    kernel.causal_attention(q[:, -1:], k, v, 0.125)  # a decode step: 4 rows per key head, torch's kernel
     assert len(calls) == 3
+    assert 4 * 16 == cpu_kernel.MIN_ROWS  # 16 queries of 4 grouped heads: the kernel
+    kernel.causal_attention(q[:, -16:], k, v, 0.125)
+    assert calls[-1] == 84
 
 
 @needs_kernel
@@ -108,10 +112,10 @@ def test_a_mode_that_is_not_one_is_refused_in_one_line(monkeypatch):
 
 def test_an_unusable_kernel_falls_back_to_torch_or_fails_when_required(monkeypatch, caplog):
     monkeypatch.setattr(cpu_kernel, "_state", {"lib": None, "why": "no compiler (test)"})
-    q, k, v = torch.randn(2, 5, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16)
+    q, k, v = torch.randn(2, 70, 16), torch.randn(2, 90, 16), torch.randn(2, 90, 16)
     monkeypatch.setenv("VPP_CPU_ATTENTION", "auto")
     out = kernel.causal_attention(q, k, v, 0.25)  # torch's kernel
-    want = reference(q, k, v, 0.25, 4)[0]
+    want = reference(q, k, v, 0.25, 20)[0]
     assert float((out.double() - want).abs().max()) <= 1e-5
     monkeypatch.setenv("VPP_CPU_ATTENTION", "vpp")
     with pytest.raises(RuntimeError, match="VPP_CPU_ATTENTION=vpp but .* no compiler \\(test\\)"):

@@ -256,19 +256,20 @@ TGT void work_item(const Args& a, int64_t item, Scratch& w) {
     else
       pack_panels(kh + j0 * a.k_sl, a.k_sl, a.d, n, w.kt);
     const float* vblk = vh + j0 * a.v_sl;
-    for (int64_t u = 0; u < g; ++u) {
-      for (int64_t t0 = 0; t0 < np; t0 += RMAX) {
-        const int rt = (int)(np - t0 < RMAX ? np - t0 : RMAX);
-        if (j0 > p0 + t0 + rt - 1 + a.offset) continue;  // every key of the block is after these rows
-        int64_t pos[RMAX];
-        float* o[RMAX];
-        for (int r = 0; r < rt; ++r) {
-          pos[r] = p0 + t0 + r;
-          o[r] = a.out + ((h * g + u) * a.lq + pos[r]) * a.dv;
-        }
-        const int64_t r0 = u * np + t0;
-        tile_any(rt, a, w.qs + r0 * a.d, pos, o, w.m + r0, w.l + r0, kt, j0, n, vblk, w.s);
+    // tiles of RMAX consecutive packed rows (row u * np + p - p0: head u of the group, position p), so a
+    // tile spans heads where a work item has few positions (a decode step: one position, g heads)
+    for (int64_t r0 = 0; r0 < rows; r0 += RMAX) {
+      const int rt = (int)(rows - r0 < RMAX ? rows - r0 : RMAX);
+      int64_t pos[RMAX], last = -1;
+      float* o[RMAX];
+      for (int r = 0; r < rt; ++r) {
+        const int64_t u = (r0 + r) / np;
+        pos[r] = p0 + (r0 + r) % np;
+        o[r] = a.out + ((h * g + u) * a.lq + pos[r]) * a.dv;
+        if (pos[r] > last) last = pos[r];
       }
+      if (j0 > last + a.offset) continue;  // every key of the block is after these rows
+      tile_any(rt, a, w.qs + r0 * a.d, pos, o, w.m + r0, w.l + r0, kt, j0, n, vblk, w.s);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
