@@ -8,7 +8,7 @@ prefix/diagonal merge and no masked key block touched; ``offset = Lk`` every key
 Lq == Lk a square causal piece.
 
 Why: on one AVX-512 core (a 2-core Xeon with AMX, fp32) it ran a 1024-token chunk of 8 query heads
-after 3K-15K cached keys (2 key heads, width 64) at 181-185 GFLOP/s, against 144-155 for torch's CPU
+after 3K-15K cached keys (2 key heads, width 64) at 183-188 GFLOP/s, against 146-158 for torch's CPU
 flash kernel called as prefix + diagonal pieces (``benchmarks/attention_kernel.py`` measures both).
 
 Memory: each key head's K^T is packed once per call (keys x width floats, at most 64 MB for the call;
