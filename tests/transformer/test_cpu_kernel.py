@@ -167,3 +167,50 @@ def test_a_nan_reaches_the_output_as_in_torch_s_kernel(monkeypatch):
     want = kernel.causal_attention(q, k, v, 0.125)
     assert torch.equal(out.isnan().any(-1), want.isnan().any(-1))
     assert out[3, 7].isnan().all() and out[4:].isnan().all() and not out[:3].isnan().any()
+
+
+def test_the_cache_directory_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("VPP_CACHE_DIR", str(tmp_path / "explicit"))
+    assert cpu_kernel.cache_dir() == tmp_path / "explicit"
+    monkeypatch.delenv("VPP_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cpu_kernel.cache_dir() == tmp_path / "xdg" / "vpp"
+
+
+def test_a_machine_that_cannot_build_says_why_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_kernel.platform, "machine", lambda: "aarch64")
+    with pytest.raises(RuntimeError, match="x86-64 AVX-512 code; this machine is aarch64"):
+        cpu_kernel.build(tmp_path)
+    monkeypatch.setattr(cpu_kernel.platform, "machine", lambda: "x86_64")
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(cpu_kernel.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match=r"no C\+\+ compiler"):
+        cpu_kernel.build(tmp_path)
+
+
+@pytest.mark.parametrize("abi,cpu_ok,why", [(2, 1, "unexpected ABI 2"), (1, 0, "this CPU has no AVX-512 F/DQ")])
+def test_a_library_that_cannot_run_here_is_not_used(monkeypatch, caplog, abi, cpu_ok, why):
+    class Fake:
+        def vpp_attn_abi(self):
+            return abi
+
+        def vpp_attn_cpu_ok(self):
+            return cpu_ok
+    monkeypatch.setattr(cpu_kernel, "build", lambda: "/nowhere/libvpp_attn.so")
+    monkeypatch.setattr(cpu_kernel.ctypes, "CDLL", lambda path: Fake())
+    monkeypatch.setattr(cpu_kernel, "_state", {})
+    with caplog.at_level("WARNING"):
+        assert cpu_kernel.library() is None
+    assert cpu_kernel.unavailable_reason() == (f"{cpu_kernel.SOURCE.name}: {why}" if abi != 1 else why)
+    assert "torch's CPU flash kernel runs instead" in caplog.text
+
+
+@needs_kernel
+def test_arguments_the_kernel_cannot_take_are_refused_by_name():
+    q, k, v = torch.randn(2, 8, 16), torch.randn(2, 8, 16), torch.randn(2, 8, 16)
+    with pytest.raises(ValueError, match=r"k \(2, 8, 32\) does not match q \(2, 8, 16\)"):
+        cpu_kernel.attention(q, torch.randn(2, 8, 32), v, 0.25, 0)
+    with pytest.raises(ValueError, match="takes CPU tensors, got meta"):
+        cpu_kernel.attention(q.to("meta"), k.to("meta"), v.to("meta"), 0.25, 0)
+    with pytest.raises(ValueError, match=r"vpp_attn_f32 refused .* v \(2, 8, 8\) \(-1\)"):  # a value width of 8
+        cpu_kernel.attention(q, k, torch.randn(2, 8, 8), 0.25, 0)
