@@ -81,9 +81,8 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
         raise ValueError(f"a causal piece needs as many queries as keys, got {q.shape[1]} and {k.shape[1]}")
     if k.shape[1] == 0:
         raise ValueError("an attention piece needs at least one key")
-    if q.device.type == "cpu" and cpu_kernel.supports(q, k, v):  # grouped heads in the kernel itself
-        out, lse = cpu_kernel.attention(q, k, v, scale, 0 if causal else k.shape[1])
-        return out, lse
+    if cpu_kernel.supports(q, k, v):  # CPU fp32 on AVX-512: grouped heads in the kernel itself
+        return cpu_kernel.attention(q, k, v, scale, 0 if causal else k.shape[1])
     hq, hk = q.shape[0], k.shape[0]
     if hq == hk:
         return lse_kernel_for(q.device.type)(q, k, v, scale, causal)
@@ -179,9 +178,9 @@ def _sdpa(q, k, v, scale):
 
 
 def _cpu_split(q, k, v, scale):
-    """CPU: vpp's kernel in one pass where it runs; else the square diagonal with ``is_causal``, and
-    after a prefix the prefix piece (no mask) merged with the diagonal piece. The memory of neither
-    grows with the prefix beyond K/V themselves."""
+    """CPU: vpp's kernel in one pass where it runs (it packs K^T once per call, at most 64 MB); else the
+    square diagonal with ``is_causal``, and after a prefix the prefix piece (no mask) merged with the
+    diagonal piece, neither of which holds more than K/V themselves that grows with the prefix."""
     lq, lk = q.shape[1], k.shape[1]
     if cpu_kernel.supports(q, k, v):
         return cpu_kernel.attention(q, k, v, scale, lk - lq)[0]
