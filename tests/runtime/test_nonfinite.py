@@ -19,7 +19,9 @@ def test_watch_and_first_stage():
     w.observe(2, "a", torch.tensor([[1.0, float("inf")]]))
     w.observe(2, "a", torch.ones(1, 2))  # a later finite chunk does not clear the flag
     w.observe(3, "b", torch.tensor([float("nan")]))
-    assert sorted(w.local()) == [(2, "a"), (3, "b")]
+    w.observe(4, "c", torch.tensor([[2.0, -float("inf")]]))
+    w.observe(5, "c", torch.zeros(0, 3))  # an empty output is finite
+    assert sorted(w.local()) == [(2, "a"), (3, "b"), (4, "c")]
     # rank 1 saw stage 1 first: the lowest stage wins, whichever rank reports it
     first = first_nonfinite([[(2, "a", None), (3, "b", None)], [], [(1, "b", 3)]])
     assert first == (1, "b", 3)
@@ -156,7 +158,7 @@ def test_cli_check_and_generate_exit_1_in_one_line(nan_model, capsys):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_stage_finite_flag_sees_every_kind_of_non_finite(dtype):
-    from vpp.models.stage import _all_finite
+    from vpp.transformer.basic import all_finite as _all_finite
     h = torch.randn(33, 17).to(dtype)
     assert bool(_all_finite(h)) and bool(_all_finite(h[:0]))
     for bad in (float("nan"), float("inf"), -float("inf")):

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from vpp.parallel.device import Accelerator, get_accelerator
+from vpp.parallel.host_memory import keep_freed_host_memory
 
 
 def launched_by_torchrun() -> bool:
@@ -51,6 +52,9 @@ def init_distributed(
     the peers notice if this rank dies from then on; its
     :attr:`~vpp.parallel.liveness.Heartbeat.phase` follows the start-up.
 
+    A CPU rank keeps the host memory it frees for reuse (:mod:`vpp.parallel.host_memory`;
+    ``VPP_HOST_MALLOC=default`` opts out).
+
     Under torchrun, ``rank``/``world_size`` come from the environment. Already-initialised processes
     are left alone. The local rank picks the card on multi-device nodes (``local_rank`` when given,
     else ``LOCAL_RANK``, else ``rank``).
@@ -62,7 +66,9 @@ def init_distributed(
         raise RuntimeError(f"local rank {local_rank} needs {acc.kind} device {local_rank}, but only "
                            f"{acc.device_count} {acc.kind} devices are visible: start at most "
                            f"{acc.device_count} ranks per node (one device per rank)")
-    if acc.kind == "cuda":
+    if acc.kind == "cpu":  # a CPU rank computes in host memory: keep freed blocks (vpp.parallel.host_memory)
+        keep_freed_host_memory()
+    elif acc.kind == "cuda":
         torch.cuda.set_device(local_rank)
     elif acc.kind == "npu":
         torch.npu.set_device(local_rank)  # type: ignore[attr-defined]

@@ -20,6 +20,8 @@ from typing import Any, Hashable, Sequence
 
 import torch
 
+from vpp.transformer.basic import all_finite
+
 
 class NonFiniteError(RuntimeError):
     """NaN or Inf came out of a stage. ``stage``: the first stage (in pipeline order) whose output was
@@ -42,7 +44,7 @@ class FiniteWatch:
         self._flags: dict[tuple[int, Hashable], torch.Tensor] = {}
 
     def observe(self, stage: int, request: Hashable, out: torch.Tensor) -> None:
-        bad = ~torch.isfinite(out).all()
+        bad = ~all_finite(out)
         key = (stage, request)
         prev = self._flags.get(key)
         self._flags[key] = bad if prev is None else prev | bad
