@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vpp.transformer import cpu_ops
 from vpp.transformer.fused_ops import gated_halves
 from vpp.transformer.moe_config import ACTIVATIONS
 
@@ -147,7 +148,7 @@ class GroupedExperts(nn.Module):
         if gemm is not None and gemm not in GEMMS:
             raise ValueError(f"gemm={gemm!r} is not one of {GEMMS}")
         self.num_local, self.local_intermediate, self.gemm = num_local, local_intermediate, gemm
-        self.act = ACTIVATIONS[hidden_act]
+        self.hidden_act, self.act = hidden_act, ACTIVATIONS[hidden_act]
         self.gate_up_proj = nn.Parameter(torch.empty(num_local, 2 * local_intermediate, hidden_size,
                                                      dtype=dtype, device=device), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(num_local, hidden_size, local_intermediate,
@@ -173,6 +174,22 @@ class GroupedExperts(nn.Module):
         for e, start, end in segments:
             torch.mm(act[start:end], self.down_proj[e].t(), out=out[start:end])
         return out
+
+    def fused_cpu(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`weighted_sum` runs vpp's fused CPU kernel for rows like ``x`` here
+        (:mod:`vpp.transformer.cpu_ops`: fp32 SiLU experts on an AVX-512 CPU, ``VPP_CPU_OPS``)."""
+        return self.backend(x.device) == "loop" and cpu_ops.supports(x, self.gate_up_proj, self.down_proj,
+                                                                      self.hidden_act)
+
+    def weighted_sum(self, x: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor,
+                     counts: list[int]) -> torch.Tensor:
+        """sum over pairs p of ``weights[p] * expert(x[tokens[p]])`` into each token's row ([T, H] fp32),
+        the pairs sorted by local expert (``counts[e]`` pairs of expert e), added in pair order: the
+        gather, both GEMMs, the activation and the scatter-add in one pass of the fused CPU kernel (call
+        :meth:`fused_cpu` first). Equal to ``zeros.index_add_(0, tokens, self(x[tokens], counts) *
+        weights)`` up to the GEMMs' summation order."""
+        return cpu_ops.experts(x, tokens, weights, counts, list(range(self.num_local)), self.gate_up_proj,
+                               self.down_proj)
 
     def reference(self, x: torch.Tensor, counts: list[int], experts: list[int] | None = None) -> torch.Tensor:
         """:meth:`forward` one expert at a time (each segment's GEMMs and activation on their own):

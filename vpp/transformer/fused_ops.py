@@ -48,6 +48,13 @@ def _torch_npu():
         return None
 
 
+def _cpu_ops():
+    """:mod:`vpp.transformer.cpu_ops` (imported at the first call: it imports the attention package,
+    which imports this module)."""
+    from vpp.transformer import cpu_ops
+    return cpu_ops
+
+
 def npu_for(x: torch.Tensor):
     """torch_npu when ``x`` lives on an NPU and the module imports, else None (the reference runs)."""
     return _torch_npu() if x.device.type == "npu" else None
@@ -59,6 +66,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     npu = npu_for(x)
     if npu is not None and x.dtype in NPU_DTYPES and weight.dtype == x.dtype and 2 <= x.dim() <= 8:
         return npu.npu_rms_norm(x, weight, epsilon=eps)[0]
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        out = _cpu_ops().rms_norm(x, weight, eps)  # vpp's one-pass CPU kernel, where it runs
+        if out is not None:
+            return out
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -103,6 +114,10 @@ def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     if npu is not None and npu_rope_ok(x) and cos.dtype == x.dtype:
         r1, r2 = cos[None, :, None, :], sin[None, :, None, :]  # 1S1D for BSND
         return npu.npu_rotary_mul(x[None], r1, r2, rotary_mode="half")[0]
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        out = _cpu_ops().rotate_half(x, cos, sin)  # vpp's one-pass CPU kernel, where it runs
+        if out is not None:
+            return out
     cos, sin = cos[:, None, :], sin[:, None, :]
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

@@ -103,11 +103,14 @@ class MoE(nn.Module):
         weights, ids = self.gate(x)
         if x.shape[0] == 1 and self.experts.backend(x.device) == "loop":
             return self._one_token(x, weights, ids)
-        if self.experts.backend(x.device) == "loop":
-            tokens, y = self._local_pairs_loop(x, weights, ids)
+        if self.experts.fused_cpu(x):  # vpp's fused CPU kernel: gather, GEMMs, activation, scatter in one pass
+            out = self.experts.weighted_sum(x, *self._sorted_local_pairs(weights, ids))
         else:
-            tokens, y = self._local_pairs_grouped(x, weights, ids)
-        out = torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
+            if self.experts.backend(x.device) == "loop":
+                tokens, y = self._local_pairs_loop(x, weights, ids)
+            else:
+                tokens, y = self._local_pairs_grouped(x, weights, ids)
+            out = torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
         if self.shared_experts is not None:
             out += self.shared_experts(x)
         return reduce_from_tp(out, self.groups.tp)
@@ -127,17 +130,22 @@ class MoE(nn.Module):
             out += self.shared_experts(x)
         return reduce_from_tp(out, self.groups.tp)
 
-    def _local_pairs_loop(self, x, weights, ids):
-        """The reference: this rank's (token, expert) pairs picked out and counted on the host
-        (``nonzero``, ``tolist``: CPU only, where they cost no device synchronisation)."""
+    def _sorted_local_pairs(self, weights, ids):
+        """This rank's (token, expert) pairs picked out, sorted by local expert (stable) and counted on
+        the host (``nonzero``, ``tolist``: CPU only, where they cost no device synchronisation):
+        (each pair's token, its routing weight, the pairs of each local expert)."""
         local = ids - self.first_expert
         pairs = ((local >= 0) & (local < self.num_local)).flatten().nonzero().squeeze(1)  # CPU only: sized on the host
         expert = local.flatten()[pairs]
         order = torch.argsort(expert, stable=True)
         pairs, expert = pairs[order], expert[order]
         counts = torch.bincount(expert, minlength=self.num_local).tolist()  # CPU only: a host read
-        tokens = pairs // self.cfg.top_k
-        return tokens, self.experts(x.index_select(0, tokens), counts).mul_(weights.flatten()[pairs].unsqueeze(1))
+        return pairs // self.cfg.top_k, weights.flatten()[pairs], counts
+
+    def _local_pairs_loop(self, x, weights, ids):
+        """The reference: one GEMM per local expert and projection over the gathered rows."""
+        tokens, w, counts = self._sorted_local_pairs(weights, ids)
+        return tokens, self.experts(x.index_select(0, tokens), counts).mul_(w.unsqueeze(1))
 
     def _local_pairs_grouped(self, x, weights, ids):
         """Every (token, expert) pair, sorted by local expert; pairs of other ranks' experts sort last,
