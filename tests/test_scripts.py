@@ -26,6 +26,7 @@ PAPER_SCALE = "sweeps paper-scale grids: minutes, not seconds"
 TINY = {  # script -> the test that runs it small, or why no tiny run is here
     "benchmarks/attention_kernel.py": "tests/benchmarks/test_attention_kernel.py::test_a_tiny_run_compares_both_kernels",
     "benchmarks/beyond_paper.py": PAPER_SCALE,
+    "benchmarks/moe_kernel.py": "tests/benchmarks/test_moe_kernel.py::test_a_tiny_run_compares_the_kernel_with_the_reference",
     "benchmarks/checkpoint_reads.py": "tests/test_results_fresh.py::test_checkpoint_reads_reproduce_the_committed_bytes",
     "benchmarks/cp_compare.py": "tests/test_results_fresh.py (the committed report regenerated)",
     "benchmarks/cp_runs.py": "tests/benchmarks/test_cp_runs.py::test_cp_runs_small",
