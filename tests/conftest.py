@@ -68,8 +68,10 @@ def pytest_configure(config):
     preload("pytest", "transformers", "tests.models.hf_tiny", "tests.worlds")
     # vpp's CPU attention kernel is compiled at its first use (a compiler process, into the cache
     # directory): compile it here, once, so no test (and no rank) is the one that happens to build it
+    from vpp.transformer import cpu_ops
     from vpp.transformer.attention import cpu_kernel
     cpu_kernel.library()
+    cpu_ops.library()  # and the MoE / RMSNorm / RoPE kernels (vpp.transformer.cpu_ops)
     try:
         import matplotlib
         matplotlib.use("Agg")
