@@ -94,7 +94,8 @@ DEEPSEEK_4H = dict(DEEPSEEK, num_attention_heads=4, num_key_value_heads=4)
 MODELS = {"qwen3-moe": QWEN, "deepseek-v3": DEEPSEEK, "deepseek-v3-4h": DEEPSEEK_4H}
 # vLLM picks its AMX MLA backend wherever the CPU has AMX, and that backend takes 16-bit weights only
 # ("expect weight to be bfloat16, float16, int8, ..." at load): in fp32 its CPU MLA backend is the one that runs.
-VLLM_ATTENTION_BACKEND = {"deepseek-v3": "CPU_MLA", "deepseek-v3-4h": "CPU_MLA"}
+VLLM_ATTENTION_BACKEND = {"deepseek-v3": "CPU_MLA", "deepseek-v3-4h": "CPU_MLA"}  # fp32 only (--dtype float32)
+DTYPES = ("float32", "bfloat16")
 SETTLE_S = (0.2, 10.0)  # an idle engine counts as quiet after a 0.2 s window with < 10% of a core; wait <= 10 s
 CONTENDERS = ("vllm-pp1", "vllm-pp2", "vpp-pp1", "vpp-pp2-cpp", "vpp-pp2-vpp-async")
 BASELINE = {"vllm-pp1": None, "vllm-pp2": None, "vpp-pp1": "vllm-pp1", "vpp-pp2-cpp": "vllm-pp2",
@@ -110,7 +111,7 @@ out = os.fdopen(os.dup(1), "w", buffering=1)  # ours alone (not inherited): vLLM
 os.dup2(2, 1)  # everything else printed goes to the log
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
-kw = dict(model=args["model"], dtype="float32", enforce_eager=True, skip_tokenizer_init=True,
+kw = dict(model=args["model"], dtype=args["dtype"], enforce_eager=True, skip_tokenizer_init=True,
           max_num_batched_tokens=args["chunk"], enable_chunked_prefill=True, max_model_len=args["max_len"],
           enable_prefix_caching=False, max_num_seqs=1, seed=0, pipeline_parallel_size=args["pp"])
 if args["pp"] > 1:
@@ -159,6 +160,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated, from {list(CONTENDERS)}")
     p.add_argument("--busy", type=int, default=0, help="busy loops running through the timed rounds")
     p.add_argument("--no-pin", dest="pin", action="store_false", help="leave vpp's ranks unpinned")
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="weights and activations on both sides (bfloat16: vLLM's and torch's 16-bit CPU kernels, "
+                        "AMX where the CPU has it; vpp's own CPU kernels are fp32 only)")
     p.add_argument("--arbitrate", metavar="JSON", default=None,
                    help="no run: read a results JSON whose greedy tokens differ and say, per engine, at how many "
                         "steps transformers (fp32, teacher-forced on that engine's own tokens) picks the same token")
@@ -228,11 +232,11 @@ class VllmEngine:
     """One vLLM engine in the venv's interpreter, driven over stdin/stdout."""
 
     def __init__(self, python: str, model_dir: str, pp: int, chunk: int, max_len: int, log_dir: str,
-                 attention_backend: str | None = None):
+                 attention_backend: str | None = None, dtype: str = "float32"):
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="|".join(str(r) for r in range(pp)),
                    VLLM_CPU_KVCACHE_SPACE="2", OMP_NUM_THREADS="1", VLLM_TARGET_DEVICE="cpu")
         cfg = json.dumps({"model": model_dir, "pp": pp, "chunk": chunk, "max_len": max_len,
-                          "attention_backend": attention_backend})
+                          "attention_backend": attention_backend, "dtype": dtype})
         self.log = os.path.join(log_dir, f"vllm_pp{pp}.log")
         self.proc = subprocess.Popen([python, "-c", VLLM_DRIVER, cfg], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=open(self.log, "w"), text=True, env=env, start_new_session=True)
@@ -266,7 +270,8 @@ class VllmEngine:
                 self.proc.wait()
 
 
-def vpp_world(rank: int, world: int, model_dir: str, chunk: int, commands, results, pin: bool = True) -> None:
+def vpp_world(rank: int, world: int, model_dir: str, chunk: int, commands, results, pin: bool = True,
+              dtype: str = "float32") -> None:
     """A persistent vpp world of two ranks: rank 0 takes commands, every rank runs them."""
     import torch.distributed as dist
 
@@ -277,7 +282,7 @@ def vpp_world(rank: int, world: int, model_dir: str, chunk: int, commands, resul
     if pin:
         os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     groups = initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=world)
-    model = open_model(model_dir, dtype="float32")
+    model = open_model(model_dir, dtype=dtype)
     single = ParallelGroups.single(groups.accelerator, groups.device)
     stages = {"pp1": model.stages(layout_for(model, "cpp", 1), single) if rank == 0 else None,
               "cpp": model.stages(layout_for(model, "cpp", world), groups),
@@ -445,6 +450,8 @@ def _extra_args(args) -> str:
         extra += f" --busy {args.busy}"
     if not getattr(args, "pin", True):
         extra += " --no-pin"
+    if getattr(args, "dtype", "float32") != "float32":
+        extra += f" --dtype {args.dtype}"
     return extra
 
 
@@ -502,7 +509,7 @@ def main(argv=None) -> int:
             engines: dict = {}
             commands, results = ctx.Queue(), ctx.Queue()
             world = threading.Thread(target=launch, args=(vpp_world, 2, model_dir, args.chunk, commands, results,
-                                                          args.pin), daemon=True)
+                                                          args.pin, args.dtype), daemon=True)
             busy: list = []
 
             def vpp(schedule, ids, n=1):
@@ -512,7 +519,8 @@ def main(argv=None) -> int:
                 for pp in (pp for pp in (1, 2) if f"vllm-pp{pp}" in args.contenders):
                     try:
                         engines[pp] = VllmEngine(python, model_dir, pp, args.chunk, max_len, args.logs,
-                                                 VLLM_ATTENTION_BACKEND.get(name))
+                                                 VLLM_ATTENTION_BACKEND.get(name) if args.dtype == "float32" else None,
+                                                 args.dtype)
                     except RuntimeError as exc:  # reported, and its contenders left out of the window
                         failed[f"{name}/vllm-pp{pp}"] = str(exc)
                         print(f"{name}: vLLM PP{pp} did not start: {exc}", flush=True)

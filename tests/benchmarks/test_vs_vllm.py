@@ -14,7 +14,7 @@ def test_defaults_are_the_issue_setting():
 
 
 @pytest.mark.parametrize("argv", [["--models", "llama"], ["--lengths", "8k"], ["--lengths", "1024"],
-                                  ["--rounds", "0"]])
+                                  ["--rounds", "0"], ["--dtype", "float16"]])
 def test_bad_arguments_are_refused_by_name(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         vs_vllm.parse_args(argv)
@@ -54,12 +54,17 @@ def test_pp2_scaling_is_taken_per_round_against_vpp_pp1():
     assert "ratio_median" not in entry  # no vLLM PP2 in this window
 
 
-def test_contenders_busy_and_pin_arguments():
-    args = vs_vllm.parse_args(["--contenders", "vpp-pp1,vpp-pp2-vpp-async", "--busy", "2", "--no-pin"])
+def test_contenders_busy_pin_and_dtype_arguments():
+    args = vs_vllm.parse_args(["--contenders", "vpp-pp1,vpp-pp2-vpp-async", "--busy", "2", "--no-pin",
+                               "--dtype", "bfloat16"])
     assert args.contenders == ["vpp-pp1", "vpp-pp2-vpp-async"] and args.busy == 2 and not args.pin
-    assert vs_vllm.parse_args([]).contenders == list(vs_vllm.CONTENDERS) and vs_vllm.parse_args([]).pin
+    assert args.dtype == "bfloat16"
+    assert vs_vllm._extra_args(args) == " --contenders vpp-pp1,vpp-pp2-vpp-async --busy 2 --no-pin --dtype bfloat16"
+    default = vs_vllm.parse_args([])
+    assert default.contenders == list(vs_vllm.CONTENDERS) and default.pin and default.dtype == "float32"
+    assert vs_vllm._extra_args(default) == ""
     text = vs_vllm.render({}, {}, {}, args, (1.0, 1.0))
-    assert "--contenders vpp-pp1,vpp-pp2-vpp-async --busy 2 --no-pin`" in text.splitlines()[2]  # the command, line 3
+    assert "--contenders vpp-pp1,vpp-pp2-vpp-async --busy 2 --no-pin --dtype bfloat16`" in text.splitlines()[2]  # the command, line 3
 
 
 @pytest.mark.parametrize("argv", [["--contenders", "vpp-pp3"], ["--contenders", ","], ["--busy", "-1"]])
