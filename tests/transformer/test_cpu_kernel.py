@@ -188,7 +188,7 @@ def test_a_machine_that_cannot_build_says_why_in_one_line(monkeypatch, tmp_path)
         cpu_kernel.build(tmp_path)
 
 
-@pytest.mark.parametrize("abi,cpu_ok,why", [(2, 1, "unexpected ABI 2"), (1, 0, "this CPU has no AVX-512 F/DQ")])
+@pytest.mark.parametrize("abi,cpu_ok,why", [(1, 1, "unexpected ABI 1"), (2, 0, "this CPU has no AVX-512 F/DQ")])
 def test_a_library_that_cannot_run_here_is_not_used(monkeypatch, abi, cpu_ok, why):
     class Fake:
         def vpp_attn_abi(self):
@@ -202,7 +202,7 @@ def test_a_library_that_cannot_run_here_is_not_used(monkeypatch, abi, cpu_ok, wh
     warned = []  # the logger itself (other tests may configure vpp's loggers not to propagate)
     monkeypatch.setattr(cpu_kernel.log, "warning", lambda msg, *args: warned.append(msg % args))
     assert cpu_kernel.library() is None
-    assert cpu_kernel.unavailable_reason() == (f"{cpu_kernel.SOURCE.name}: {why}" if abi != 1 else why)
+    assert cpu_kernel.unavailable_reason() == (f"{cpu_kernel.SOURCE.name}: {why}" if abi != 2 else why)
     assert len(warned) == 1 and why in warned[0] and "torch's CPU flash kernel runs instead" in warned[0]
 
 
@@ -215,3 +215,16 @@ def test_arguments_the_kernel_cannot_take_are_refused_by_name():
         cpu_kernel.attention(q.to("meta"), k.to("meta"), v.to("meta"), 0.25, 0)
     with pytest.raises(ValueError, match=r"vpp_attn_f32 refused .* v \(2, 8, 8\) \(-1\)"):  # a value width of 8
         cpu_kernel.attention(q, k, torch.randn(2, 8, 8), 0.25, 0)
+
+
+@needs_kernel
+def test_the_output_written_positions_major_is_the_same_attention():
+    """``position_major=True`` writes [Lq, Hq, Dv] in memory (what the layers transpose to next): the same
+    numbers, bitwise, and the transposed view needs no copy."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(8, 150, 64, generator=gen), torch.randn(2, 400, 64, generator=gen), torch.randn(2, 400, 64, generator=gen)
+    out, lse = cpu_kernel.attention(q, k, v, 0.125, 250)
+    pos, lse2 = cpu_kernel.attention(q, k, v, 0.125, 250, position_major=True)
+    assert torch.equal(out, pos) and torch.equal(lse, lse2)
+    assert pos.transpose(0, 1).is_contiguous() and out.is_contiguous()
+    assert float((out.double() - reference(q, k, v, 0.125, 250)[0]).abs().max()) <= 1e-5

@@ -119,12 +119,12 @@ def build(directory: Path | None = None, compiler: str | None = None, *, source:
 
 def _load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build()))
-    if lib.vpp_attn_abi() != 1:
+    if lib.vpp_attn_abi() != 2:
         raise RuntimeError(f"{SOURCE.name}: unexpected ABI {lib.vpp_attn_abi()}")
     if not lib.vpp_attn_cpu_ok():
         raise RuntimeError("this CPU has no AVX-512 F/DQ")
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.vpp_attn_f32.argtypes = [ptr] * 5 + [i64] * 13 + [ctypes.c_float, ctypes.c_int]
+    lib.vpp_attn_f32.argtypes = [ptr] * 5 + [i64] * 15 + [ctypes.c_float, ctypes.c_int]
     lib.vpp_attn_f32.restype = ctypes.c_int
     return lib
 
@@ -172,9 +172,12 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, offset: int,
-              threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              threads: int | None = None, *, position_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale) v where query i sees keys j <= i + ``offset``: (output [Hq, Lq, Dv] fp32,
-    log-sum-exp [Hq, Lq] fp32). Call :func:`supports` first. ``threads`` defaults to torch's."""
+    log-sum-exp [Hq, Lq] fp32). Call :func:`supports` first. ``threads`` defaults to torch's.
+    ``position_major``: the output is written [Lq, Hq, Dv] in memory (returned as its [Hq, Lq, Dv]
+    view), so a caller that goes on with ``.transpose(0, 1)`` (positions, then heads) has it contiguous
+    with no copy."""
     lib = library()
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if v.stride(1) != v.shape[-1]:
@@ -189,11 +192,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, o
     if q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu":
         raise ValueError(f"vpp's CPU attention kernel takes CPU tensors, got {q.device}, {k.device}, {v.device}")
     # the device is given: under `with torch.device(...)` a bare empty() would land elsewhere
-    out = torch.empty(hq, lq, dv, dtype=torch.float32, device=q.device)
+    if position_major:
+        out = torch.empty(lq, hq, dv, dtype=torch.float32, device=q.device).transpose(0, 1)
+    else:
+        out = torch.empty(hq, lq, dv, dtype=torch.float32, device=q.device)
     lse = torch.empty(hq, lq, dtype=torch.float32, device=q.device)
     rc = lib.vpp_attn_f32(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), hq, hk, lq, lk,
                           d, dv, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                          int(offset), float(scale), int(threads or torch.get_num_threads()))
+                          out.stride(0), out.stride(1), int(offset), float(scale),
+                          int(threads or torch.get_num_threads()))
     if rc:
         raise ValueError(f"vpp_attn_f32 refused q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} ({rc})")
     return out, lse

@@ -182,8 +182,8 @@ def _cpu_split(q, k, v, scale):
     square diagonal with ``is_causal``, and after a prefix the prefix piece (no mask) merged with the
     diagonal piece, neither of which holds more than K/V themselves that grows with the prefix."""
     lq, lk = q.shape[1], k.shape[1]
-    if cpu_kernel.supports(q, k, v):
-        return cpu_kernel.attention(q, k, v, scale, lk - lq)[0]
+    if cpu_kernel.supports(q, k, v):  # written positions-major: the layers go on with out.transpose(0, 1)
+        return cpu_kernel.attention(q, k, v, scale, lk - lq, position_major=True)[0]
     if lq == lk:
         return _sdpa(q, k, v, scale)
     if lq == 1:  # a decode step: the last position sees every key, one piece without a mask

@@ -41,6 +41,7 @@ struct Args {
   float *out, *lse;
   int64_t hq, hk, lq, lk, d, dv;
   int64_t q_sh, q_sl, k_sh, k_sl, v_sh, v_sl;
+  int64_t o_sh, o_sl;  // the output's strides (floats): head, position (its rows contiguous)
   int64_t offset;
   float scale;
   int64_t bq, items, nq;  // query positions per work item, work items, query blocks per head
@@ -242,7 +243,7 @@ TGT void work_item(const Args& a, int64_t item, Scratch& w) {
     w.m[r] = -INFINITY;
     w.l[r] = 0.0f;
     const int64_t u = r / np, p = p0 + r % np;
-    memset(a.out + ((h * g + u) * a.lq + p) * a.dv, 0, sizeof(float) * a.dv);
+    memset(a.out + (h * g + u) * a.o_sh + p * a.o_sl, 0, sizeof(float) * a.dv);
   }
   int64_t kend = p1 - 1 + a.offset + 1;  // keys the last position sees
   if (kend > a.lk) kend = a.lk;
@@ -265,7 +266,7 @@ TGT void work_item(const Args& a, int64_t item, Scratch& w) {
       for (int r = 0; r < rt; ++r) {
         const int64_t u = (r0 + r) / np;
         pos[r] = p0 + (r0 + r) % np;
-        o[r] = a.out + ((h * g + u) * a.lq + pos[r]) * a.dv;
+        o[r] = a.out + (h * g + u) * a.o_sh + pos[r] * a.o_sl;
         if (pos[r] > last) last = pos[r];
       }
       if (j0 > last + a.offset) continue;  // every key of the block is after these rows
@@ -274,7 +275,7 @@ TGT void work_item(const Args& a, int64_t item, Scratch& w) {
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t u = r / np, p = p0 + r % np;
-    float* o = a.out + ((h * g + u) * a.lq + p) * a.dv;
+    float* o = a.out + (h * g + u) * a.o_sh + p * a.o_sl;
     const float inv = w.l[r] > 0.0f ? 1.0f / w.l[r] : 0.0f;
     for (int64_t c = 0; c < a.dv; ++c) o[c] *= inv;
     a.lse[(h * g + u) * a.lq + p] = w.l[r] > 0.0f ? (w.m[r] + log2f(w.l[r])) * LN2 : -INFINITY;
@@ -334,7 +335,7 @@ int run_items(Args& a) {
 
 extern "C" {
 
-int vpp_attn_abi(void) { return 1; }
+int vpp_attn_abi(void) { return 2; }
 
 // 1 where this CPU runs the kernel (AVX-512 F and DQ), else 0: the caller asks before any call.
 int vpp_attn_cpu_ok(void) {
@@ -345,9 +346,10 @@ int vpp_attn_cpu_ok(void) {
 // Returns 0, or a negative code for arguments the kernel refuses (the caller checks them first).
 int vpp_attn_f32(const float* q, const float* k, const float* v, float* out, float* lse, int64_t hq, int64_t hk,
                  int64_t lq, int64_t lk, int64_t d, int64_t dv, int64_t q_sh, int64_t q_sl, int64_t k_sh,
-                 int64_t k_sl, int64_t v_sh, int64_t v_sl, int64_t offset, float scale, int threads) {
+                 int64_t k_sl, int64_t v_sh, int64_t v_sl, int64_t o_sh, int64_t o_sl, int64_t offset, float scale,
+                 int threads) {
   if (hk <= 0 || hq % hk || d <= 0 || dv <= 0 || dv % 16 || lq <= 0 || lk <= 0) return -1;
-  Args a{q, k, v, out, lse, hq, hk, lq, lk, d, dv, q_sh, q_sl, k_sh, k_sl, v_sh, v_sl, offset, scale,
+  Args a{q, k, v, out, lse, hq, hk, lq, lk, d, dv, q_sh, q_sl, k_sh, k_sl, v_sh, v_sl, o_sh, o_sl, offset, scale,
          0, 0, 0, nullptr, 0, 1};
   // each packed key block serves at least ROWS query rows: 64 positions of 4 grouped heads, 256 of one
   a.bq = (ROWS / (hq / hk) + RMAX - 1) / RMAX * RMAX;
