@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vpp.transformer.attention import cpu_kernel, kernel
+from vpp.transformer import native
 
 needs_kernel = pytest.mark.skipif(cpu_kernel.library() is None,
                                   reason=f"vpp's CPU attention kernel does not run here: "
@@ -178,12 +179,12 @@ def test_the_cache_directory_follows_the_environment(monkeypatch, tmp_path):
 
 
 def test_a_machine_that_cannot_build_says_why_in_one_line(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_kernel.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(native.platform, "machine", lambda: "aarch64")
     with pytest.raises(RuntimeError, match="x86-64 AVX-512 code; this machine is aarch64"):
         cpu_kernel.build(tmp_path)
-    monkeypatch.setattr(cpu_kernel.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
     monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setattr(cpu_kernel.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match=r"no C\+\+ compiler"):
         cpu_kernel.build(tmp_path)
 
@@ -200,7 +201,7 @@ def test_a_library_that_cannot_run_here_is_not_used(monkeypatch, abi, cpu_ok, wh
     monkeypatch.setattr(cpu_kernel.ctypes, "CDLL", lambda path: Fake())
     monkeypatch.setattr(cpu_kernel, "_state", {})
     warned = []  # the logger itself (other tests may configure vpp's loggers not to propagate)
-    monkeypatch.setattr(cpu_kernel.log, "warning", lambda msg, *args: warned.append(msg % args))
+    monkeypatch.setattr(native.log, "warning", lambda msg, *args: warned.append(msg % args))
     assert cpu_kernel.library() is None
     assert cpu_kernel.unavailable_reason() == (f"{cpu_kernel.SOURCE.name}: {why}" if abi != 2 else why)
     assert len(warned) == 1 and why in warned[0] and "torch's CPU flash kernel runs instead" in warned[0]

@@ -22,7 +22,7 @@ cost another pass each over the rows (``benchmarks/moe_kernel.py`` measures both
 Where they are not used (the reference runs): not x86-64, no AVX-512 F/DQ, no compiler, a failed build
 (logged once), dtype other than float32, an activation other than SiLU, or ``VPP_CPU_OPS=torch``.
 ``VPP_CPU_OPS=vpp`` makes an unusable kernel an error instead. The library is built like the
-attention kernel's (:func:`vpp.transformer.attention.cpu_kernel.build`, same cache directory).
+attention kernel's (:mod:`vpp.transformer.native`, same cache directory).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from vpp.transformer.attention import cpu_kernel
+from vpp.transformer import native
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
 ENV = "VPP_CPU_OPS"
@@ -43,7 +43,7 @@ _state: dict = {}
 
 
 def _load() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(cpu_kernel.build(source=SOURCE, stem="libvpp_ops")))
+    lib = ctypes.CDLL(str(native.build(SOURCE, "libvpp_ops")))
     if lib.vpp_moe_abi() != 1:
         raise RuntimeError(f"{SOURCE.name}: unexpected ABI {lib.vpp_moe_abi()}")
     if not lib.vpp_moe_cpu_ok():
@@ -61,7 +61,7 @@ def _load() -> ctypes.CDLL:
 
 def library() -> ctypes.CDLL | None:
     """The loaded kernel, or None where it cannot run here (the reason: :func:`unavailable_reason`)."""
-    return cpu_kernel.load_once(_state, _lock, _load, "vpp's CPU MoE kernel", "torch's per-expert GEMMs run instead")
+    return native.load_once(_state, _lock, _load, "vpp's CPU MoE kernel", "torch's per-expert GEMMs run instead")
 
 
 def unavailable_reason() -> str | None:
@@ -77,7 +77,7 @@ def supports(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, activat
 
 def _usable(fits: bool) -> bool:
     """The kernel for arguments that ``fits`` it, where ``VPP_CPU_OPS`` lets it and it runs here."""
-    want = cpu_kernel.mode(ENV)
+    want = native.mode(ENV)
     if want == "torch" or not fits:
         return False
     if library() is None:

@@ -31,25 +31,18 @@ than float32, a value width not a multiple of 16, fewer than ``MIN_ROWS`` query 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
+from vpp.transformer import native
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "attn_avx512.cpp"
-FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-pthread", "-fno-math-errno", "-ffp-contract=off")
-# (-ffp-contract=off: a product and a sum written apart stay apart, rounded as torch rounds them; fused
-# multiply-adds are written as such)
-MODES = ("auto", "vpp", "torch")
+cache_dir, _compiler, FLAGS, MODES = native.cache_dir, native._compiler, native.FLAGS, native.MODES
 # Query rows per key head (grouped heads x queries) below which torch's kernel runs: the kernel packs
 # each key head's K^T (keys x width) per call, which a decode step's few rows do not repay (measured:
 # one query of 8 heads over 16K keys of 2 heads, width 64: 8.3 ms against torch's 6.0).
@@ -61,60 +54,15 @@ _state: dict = {}  # "lib": the loaded library or None, "why": the reason it is 
 
 
 def mode(env: str = ENV) -> str:
-    """``VPP_CPU_ATTENTION`` (or ``env``, another kernel's switch): ``auto`` (default: the kernel where
-    it runs, else torch's), ``vpp`` (the kernel or an error) or ``torch`` (always torch's kernel)."""
-    value = os.environ.get(env, "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"{env}={value!r} is not one of {MODES}")
-    return value
+    """``VPP_CPU_ATTENTION``: ``auto`` (default: the kernel where it runs, else torch's), ``vpp`` (the
+    kernel or an error) or ``torch`` (always torch's kernel)."""
+    return native.mode(env)
 
 
-def cache_dir() -> Path:
-    explicit = os.environ.get("VPP_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "vpp"
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "g++", "c++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def build(directory: Path | None = None, compiler: str | None = None, *, source: Path = SOURCE,
-          stem: str = "libvpp_attn") -> Path:
+def build(directory: Path | None = None, compiler: str | None = None) -> Path:
     """Compile the kernel (or find it already compiled) and return the shared library's path; raises
-    RuntimeError (one line, the compiler's last message) where it cannot. ``source`` / ``stem``: another
-    of vpp's C++ sources and its library's name (the MoE, RMSNorm and RoPE kernels, :mod:`vpp.transformer.cpu_ops`)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise RuntimeError(f"the kernel is x86-64 AVX-512 code; this machine is {platform.machine()}")
-    compiler = compiler or _compiler()
-    if compiler is None:
-        raise RuntimeError("no C++ compiler ($CXX, g++ or c++) on PATH")
-    text = source.read_bytes()
-    key = hashlib.sha256(text + " ".join((os.path.basename(compiler),) + FLAGS).encode()).hexdigest()[:16]
-    directory = Path(directory or cache_dir())
-    target = directory / f"{stem}_{key}.so"
-    if target.exists():
-        return target
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        proc = subprocess.run([compiler, *FLAGS, str(source), "-o", tmp, "-lm"], capture_output=True, text=True,
-                              timeout=300)
-        if proc.returncode:
-            last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-            raise RuntimeError(f"{os.path.basename(compiler)} exited with {proc.returncode} building {source.name}: "
-                               f"{last}")
-        os.replace(tmp, target)  # atomic: ranks building at once each finish a whole file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    RuntimeError (one line, the compiler's last message) where it cannot (:func:`vpp.transformer.native.build`)."""
+    return native.build(SOURCE, "libvpp_attn", directory, compiler)
 
 
 def _load() -> ctypes.CDLL:
@@ -129,23 +77,10 @@ def _load() -> ctypes.CDLL:
     return lib
 
 
-def load_once(state: dict, lock: threading.Lock, load, what: str, instead: str) -> ctypes.CDLL | None:
-    """``state["lib"]``: ``load()``'s library, loaded once per process, or None where it cannot run here
-    (``state["why"]`` says why, logged once: "``what`` is not used (why); ``instead``")."""
-    if "lib" not in state:
-        with lock:
-            if "lib" not in state:
-                try:
-                    state["lib"], state["why"] = load(), None
-                except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-                    state["lib"], state["why"] = None, str(exc)
-                    log.warning("%s is not used (%s); %s", what, exc, instead)
-    return state["lib"]
-
-
 def library() -> ctypes.CDLL | None:
     """The loaded kernel, or None where it cannot run here (the reason: :func:`unavailable_reason`)."""
-    return load_once(_state, _lock, _load, "vpp's CPU attention kernel", "torch's CPU flash kernel runs instead")
+    return native.load_once(_state, _lock, _load, "vpp's CPU attention kernel",
+                            "torch's CPU flash kernel runs instead")
 
 
 def unavailable_reason() -> str | None:
@@ -206,5 +141,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, o
     return out, lse
 
 
-__all__ = ["ENV", "MIN_ROWS", "MODES", "attention", "build", "cache_dir", "library", "load_once", "mode", "supports",
+__all__ = ["ENV", "MIN_ROWS", "MODES", "attention", "build", "cache_dir", "library", "mode", "supports",
            "unavailable_reason"]

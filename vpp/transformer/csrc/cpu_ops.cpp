@@ -18,8 +18,8 @@
 // ``out``; with several, each pair's weighted row is written to ``ybuf`` [P, H] and a last pass adds
 // every token's rows in increasing p, so the sums are the same whatever the thread count.
 //
-// Built at first use by vpp/transformer/cpu_ops.py (through the builder of the attention kernel,
-// vpp/transformer/attention/cpu_kernel.py) and called through ctypes; used only on CPUs with AVX-512F.
+// Built at first use by vpp/transformer/cpu_ops.py (through vpp/transformer/native.py, as the attention
+// kernel is) and called through ctypes; used only on CPUs with AVX-512F.
 
 #include <immintrin.h>
 #include <pthread.h>
