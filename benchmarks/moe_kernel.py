@@ -4,7 +4,7 @@ interleaved in one process, on benchmarks/vs_vllm.py's Qwen3-MoE shapes (1024-to
 8 experts of width 512, top-2) by default.
 
     python -m benchmarks.moe_kernel [--tokens 1024] [--hidden 512] [--inter 512] [--experts 8] [--top-k 2]
-                                    [--rounds 5] [--out benchmarks/results/moe_kernel]
+                                    [--rounds 5] [--out OUT]
 """
 
 from __future__ import annotations

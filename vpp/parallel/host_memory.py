@@ -10,7 +10,8 @@ s with both thresholds fixed, and the same 2.58 s either way in a plain process;
 the difference in ``silu``, ``mul`` and ``mm`` outputs, not in the arithmetic). vLLM's CPU guide
 preloads tcmalloc for the same reason; this does it with glibc's own knobs, and only these two:
 
-* ``M_MMAP_THRESHOLD`` = 32 MiB (glibc's largest dynamic value): blocks below it come from the heap;
+* ``M_MMAP_THRESHOLD`` = 64 MiB (glibc's own dynamic threshold stops at 32 MiB, so a block between the
+  two is mapped and unmapped afresh every time by default): blocks below it come from the heap;
 * ``M_TRIM_THRESHOLD`` = 1 GiB: freed memory at the heap's top stays mapped up to that much.
 
 The cost is that a rank's resident memory stays at its peak (as PyTorch's caching allocators do on
@@ -28,7 +29,7 @@ import os
 ENV = "VPP_HOST_MALLOC"
 MODES = ("keep", "default")
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-MMAP_THRESHOLD = 32 << 20
+MMAP_THRESHOLD = 64 << 20
 TRIM_THRESHOLD = 1 << 30
 
 _applied: dict = {}
