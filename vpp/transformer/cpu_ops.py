@@ -8,7 +8,7 @@ reference's six (``pow``, ``mean``, ``add``, ``rsqrt``, two ``mul``). The rotati
 ``x * cos + cat(-x2, x1) * sin`` in one pass with the same roundings (each product rounded before the
 sum; bitwise equal to the reference), against five (``mul``, ``neg``, ``cat``, ``mul``, ``add``).
 
-What it computes (``csrc/cpu_ops.cpp`` says how): for this rank's (token, expert) pairs sorted by
+The MoE kernel (:func:`experts`; ``csrc/cpu_ops.cpp`` says how): for this rank's (token, expert) pairs sorted by
 local expert, each pair's ``down[e] (silu(gate[e] x_t) * up[e] x_t)`` times its routing weight, added
 to its token's output row in pair order: what :class:`~vpp.transformer.moe.MoE`'s reference path
 (``index_select``, one ``mm`` per expert and projection, ``silu * up``, ``mul``, ``index_add_``)
