@@ -344,7 +344,7 @@ def test_an_unusable_kernel_falls_back_or_fails_when_required(monkeypatch, count
     out = moe(x)  # the reference path
     assert counted == [] and bool(out.isfinite().all())
     monkeypatch.setenv("VPP_CPU_OPS", "vpp")
-    with pytest.raises(RuntimeError, match=r"VPP_CPU_OPS=vpp but vpp's CPU MoE kernel cannot run here: "
+    with pytest.raises(RuntimeError, match=r"VPP_CPU_OPS=vpp but vpp's CPU ops \(MoE, RMSNorm, RoPE\) cannot run here: "
                                            r"no compiler \(test\)"):
         cpu_ops.supports(*args)
     with pytest.raises(RuntimeError, match="no compiler"):

@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "simulate a request stream (short/long/mixed) under CPP, DCPP, VPP, VPP-Async and packing"),
     "calibrate": ("vpp.cli.calibrate", "time this CPU and a tiny model to fill the 'cpu' device preset"),
     "tune": ("vpp.cli.tune", "pick layout, folds, partition and chunk size by simulation (paper-scale cost model)"),
+    "kernels": ("vpp.cli.kernels", "which kernel runs each op of a layer on this machine's CPU, and why"),
 }
 
 

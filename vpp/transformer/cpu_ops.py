@@ -82,7 +82,7 @@ def _usable(fits: bool) -> bool:
         return False
     if library() is None:
         if want == "vpp":
-            raise RuntimeError(f"{ENV}=vpp but vpp's CPU MoE kernel cannot run here: {_state['why']}")
+            raise RuntimeError(f"{ENV}=vpp but vpp's CPU ops (MoE, RMSNorm, RoPE) cannot run here: {_state['why']}")
         return False
     return True
 
