@@ -77,14 +77,7 @@ def supports(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, activat
 
 def _usable(fits: bool) -> bool:
     """The kernel for arguments that ``fits`` it, where ``VPP_CPU_OPS`` lets it and it runs here."""
-    want = native.mode(ENV)
-    if want == "torch" or not fits:
-        return False
-    if library() is None:
-        if want == "vpp":
-            raise RuntimeError(f"{ENV}=vpp but vpp's CPU ops (MoE, RMSNorm, RoPE) cannot run here: {_state['why']}")
-        return False
-    return True
+    return native.usable(ENV, fits, library, _state, "vpp's CPU ops (MoE, RMSNorm, RoPE)")
 
 
 def experts(x: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor, counts: list[int], local: list[int],

@@ -36,6 +36,8 @@ import importlib
 import torch
 import torch.nn.functional as F
 
+from vpp.transformer import cpu_ops
+
 NPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 NPU_ROPE_MAX_WIDTH = 896
 NPU_GATING_MAX_EXPERTS = 2048
@@ -46,13 +48,6 @@ def _torch_npu():
         return importlib.import_module("torch_npu")
     except Exception:  # missing or broken CANN install
         return None
-
-
-def _cpu_ops():
-    """:mod:`vpp.transformer.cpu_ops` (imported at the first call: it imports the attention package,
-    which imports this module)."""
-    from vpp.transformer import cpu_ops
-    return cpu_ops
 
 
 def npu_for(x: torch.Tensor):
@@ -67,7 +62,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if npu is not None and x.dtype in NPU_DTYPES and weight.dtype == x.dtype and 2 <= x.dim() <= 8:
         return npu.npu_rms_norm(x, weight, epsilon=eps)[0]
     if x.device.type == "cpu" and x.dtype == torch.float32:
-        out = _cpu_ops().rms_norm(x, weight, eps)  # vpp's one-pass CPU kernel, where it runs
+        out = cpu_ops.rms_norm(x, weight, eps)  # vpp's one-pass CPU kernel, where it runs
         if out is not None:
             return out
     h = x.float()
@@ -115,7 +110,7 @@ def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
         r1, r2 = cos[None, :, None, :], sin[None, :, None, :]  # 1S1D for BSND
         return npu.npu_rotary_mul(x[None], r1, r2, rotary_mode="half")[0]
     if x.device.type == "cpu" and x.dtype == torch.float32:
-        out = _cpu_ops().rotate_half(x, cos, sin)  # vpp's one-pass CPU kernel, where it runs
+        out = cpu_ops.rotate_half(x, cos, sin)  # vpp's one-pass CPU kernel, where it runs
         if out is not None:
             return out
     cos, sin = cos[:, None, :], sin[:, None, :]

@@ -95,4 +95,18 @@ def load_once(state: dict, lock: threading.Lock, load, what: str, instead: str) 
     return state["lib"]
 
 
-__all__ = ["FLAGS", "MODES", "build", "cache_dir", "load_once", "mode"]
+def usable(env: str, fits: bool, library, state: dict, what: str) -> bool:
+    """Whether a kernel runs for arguments that ``fits`` it: the switch ``env`` lets it and ``library()``
+    loads here. With ``env=vpp`` a library that cannot run is an error naming ``what`` and
+    ``state["why"]`` instead of a fallback."""
+    want = mode(env)
+    if want == "torch" or not fits:
+        return False
+    if library() is None:
+        if want == "vpp":
+            raise RuntimeError(f"{env}=vpp but {what} cannot run here: {state['why']}")
+        return False
+    return True
+
+
+__all__ = ["FLAGS", "MODES", "build", "cache_dir", "load_once", "mode", "usable"]

@@ -90,20 +90,11 @@ def unavailable_reason() -> str | None:
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether :func:`attention` takes these tensors here (and the mode lets it)."""
-    want = mode()
-    if want == "torch":
-        return False
     shapes_ok = (q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32 and q.dim() == 3
                  and v.shape[-1] % 16 == 0 and k.shape[0] > 0 and q.shape[0] % k.shape[0] == 0
                  and q.shape[1] > 0 and k.shape[1] > 0
                  and q.shape[0] // k.shape[0] * q.shape[1] >= MIN_ROWS)
-    if not shapes_ok:
-        return False
-    if library() is None:
-        if want == "vpp":
-            raise RuntimeError(f"{ENV}=vpp but vpp's CPU attention kernel cannot run here: {_state['why']}")
-        return False
-    return True
+    return native.usable(ENV, shapes_ok, library, _state, "vpp's CPU attention kernel")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, offset: int,
