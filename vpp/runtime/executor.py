@@ -114,6 +114,7 @@ class ExecutionResult:
     num_actions: int
     meta: dict = field(default_factory=dict)
     nonfinite: list = field(default_factory=list)  # (stage, request) whose output held NaN/Inf here
+    origin: float = 0.0  # time.perf_counter() at this rank's t0: its spans count from here
 
     def trace(self, num_ranks: int) -> Trace:
         return Trace(num_ranks, tuple(self.spans), dict(self.meta))
@@ -223,7 +224,7 @@ class Executor:
         return ExecutionResult(self.logits, spans, max(0.0, total - busy), len(actions),
                                {"source": "executed", "plan": self.plan.name, "comm": self.plan.comm,
                                 "timing": "host" if acc.kind == "cpu" else self.timer.mode if events else "host-dispatch",
-                                "max_live_sends": self.sends.max_live}, self.finite.local())
+                                "max_live_sends": self.sends.max_live}, self.finite.local(), self.t0)
 
     def _abort(self) -> None:
         """The device path after a fault: abort the communicators (NCCL/HCCL kernels waiting for a peer
