@@ -103,11 +103,44 @@ def test_a_work_that_completed_with_an_error_is_reported_at_once_naming_its_peer
     watch = WorkWatch(dog)
     watch.watch(_Failed(done=True), "S0>1.r0.c2", 1)
     assert _until(lambda: watch.error is not None, limit=2.0)
-    with pytest.raises(ExecutionError, match=r"gave up at S0>1.r0.c2: the transfer with pipeline rank 1 failed "
+    with pytest.raises(ExecutionError, match=r"gave up at S0>1.r0.c2: pipeline rank 1 stopped responding "
                                              r"\(RuntimeError: NCCL communicator was aborted") as info:
         watch.check()
     assert info.value.rank == 1 and info.value.global_rank == 5
     watch.close()
+
+
+@pytest.mark.parametrize("path", ["is_completed raises", "completed with an error"])
+def test_a_broken_transfer_reads_the_same_whichever_thread_sees_it_first(path):
+    # gloo's "Connection closed by peer" may reach the watch thread before the rank's own wait (under load
+    # it did): the rank's error must not depend on which one won
+    error = RuntimeError("Connection closed by peer [127.0.0.1]:4242")
+
+    class _Broken(_Work):
+        def is_completed(self):
+            if path == "is_completed raises":
+                raise error
+            return True
+
+        def exception(self):
+            return error
+
+    dog = Watchdog("w6", 0, timeout_s=60, poll_s=0.01, pollable=True, global_ranks=(4, 5))
+    class _Ended(_Work):  # the rank's own wait: done, and its wait() raises
+        def wait(self):
+            raise error
+
+    with pytest.raises(ExecutionError) as own:
+        dog.wait(_Ended(done=True), "R0<1.r0.c4", 1)
+    watch = WorkWatch(dog)
+    watch.watch(_Broken(), "R0<1.r0.c4", 1)
+    assert _until(lambda: watch.error is not None, limit=2.0)
+    with pytest.raises(ExecutionError) as seen:
+        watch.check()
+    watch.close()
+    assert str(seen.value) == str(own.value) == ("pipeline rank 0 gave up at R0<1.r0.c4: pipeline rank 1 stopped "
+                                                "responding (RuntimeError: Connection closed by peer [127.0.0.1]:4242)")
+    assert (seen.value.rank, seen.value.global_rank) == (own.value.rank, own.value.global_rank) == (1, 5)
 
 
 def test_abort_groups_uses_abort_then_shutdown_then_destroy(monkeypatch):

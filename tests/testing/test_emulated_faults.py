@@ -66,6 +66,39 @@ def test_a_dead_rank_ends_every_other_rank_within_the_timeout_naming_it():
     assert run.device.aborted == {1, 2}  # every surviving rank tore its communicators down
 
 
+def test_a_rank_slow_to_leave_the_start_is_not_broken_by_a_later_failure(monkeypatch):
+    # Under load a rank released by the start barrier may wake only after another rank has already
+    # failed; the failure must reach it as the executor's error naming the culprit, not as a broken
+    # barrier. The slow wake is modelled as threading's own: released, then the state read on waking.
+    import threading
+
+    import vpp.testing.emulated_run as emulated_run
+
+    class _SlowWake(threading.Barrier):
+        def wait(self, timeout=None):
+            index = super().wait(timeout)
+            if threading.current_thread().name == "emulated-rank-2" and getattr(self, "_passes", 0) == 1:
+                time.sleep(0.4)  # rank 0 dies meanwhile
+                if self.broken:
+                    raise threading.BrokenBarrierError
+            self._passes = getattr(self, "_passes", 0) + (threading.current_thread().name == "emulated-rank-2")
+            return index
+
+    monkeypatch.setattr(emulated_run.threading, "Barrier", _SlowWake)
+    run = EmulatedRun(_plan("cpp", 3, [4 * CHUNK]), _cost(), timeout_s=1.0)
+
+    def dies(x, request, offset, last_token_only=False):
+        raise _Killed()
+
+    run.stages[0][0].forward = dies
+    with pytest.raises(EmulationError) as info:
+        run.run()
+    errors = info.value.errors
+    assert isinstance(errors[0], _Killed)
+    for r in (1, 2):
+        assert isinstance(errors[r], ExecutionError) and errors[r].global_rank == 0, (r, errors[r])
+
+
 def test_a_watchdog_that_does_not_select_the_device_is_caught(monkeypatch):
     import vpp.runtime.executor as executor
     real = executor.WorkWatch

@@ -212,11 +212,7 @@ class Watchdog:
                 self._check(what, peer, deadline)
                 continue
             except Exception as exc:  # the transfer itself failed: usually the peer went away
-                if _timed_out(exc):  # the process group's own timeout (the same timeout_s) fired first
-                    raise self.timed_out(what, peer) from exc
-                cause = self.failure_notice() or f"{self.label} {peer} stopped responding ({type(exc).__name__}: {exc})"
-                raise ExecutionError(f"{self.label} {self.rank} gave up at {what}: {cause}",
-                                     rank=peer, action=what, global_rank=self._global(peer)) from exc
+                raise self.transfer_failed(what, peer, exc) from exc
 
     def _poll_then_wait(self, work: dist.Work, what: str, peer: int | None) -> None:
         deadline, pause, checked = time.monotonic() + self.timeout_s, 1e-5, time.monotonic()
@@ -229,11 +225,18 @@ class Watchdog:
         try:
             work.wait()
         except Exception as exc:
-            if _timed_out(exc):
-                raise self.timed_out(what, peer) from exc
-            cause = self.failure_notice() or f"{self.label} {peer} stopped responding ({type(exc).__name__}: {exc})"
-            raise ExecutionError(f"{self.label} {self.rank} gave up at {what}: {cause}", rank=peer, action=what,
-                                 global_rank=self._global(peer)) from exc
+            raise self.transfer_failed(what, peer, exc) from exc
+
+    def transfer_failed(self, what: str, peer: int | None, exc: BaseException) -> ExecutionError:
+        """The error of a transfer with ``peer`` that ended in ``exc``, worded the same whichever path saw
+        it first (the rank's own wait or the watch thread): the process group's own timeout reads as vpp's
+        deadline; otherwise a failure notice posted meanwhile names the culprit, or the peer stopped
+        responding (usually it went away: gloo's "Connection closed by peer", NCCL's aborted communicator)."""
+        if _timed_out(exc):
+            return self.timed_out(what, peer)
+        cause = self.failure_notice() or f"{self.label} {peer} stopped responding ({type(exc).__name__}: {exc})"
+        return ExecutionError(f"{self.label} {self.rank} gave up at {what}: {cause}", rank=peer, action=what,
+                              global_rank=self._global(peer))
 
     def _check(self, what: str, peer: int | None, deadline: float) -> None:
         culprit, notice = self._notice()
@@ -349,17 +352,11 @@ class WorkWatch:
             try:
                 done = work.is_completed()
             except Exception as exc:
-                raise ExecutionError(f"{self.dog.label} {self.dog.rank} gave up at {what}: {self.dog.label} {peer} "
-                                     f"stopped responding ({type(exc).__name__}: {exc})", rank=peer, action=what,
-                                     global_rank=self.dog._global(peer)) from exc
+                raise self.dog.transfer_failed(what, peer, exc) from exc
             if done:
                 failure = work_error(work)
-                if failure is not None and _timed_out(failure):
-                    raise self.dog.timed_out(what, peer)  # the process group's own clock: as a vpp deadline
-                if failure is not None:
-                    raise ExecutionError(f"{self.dog.label} {self.dog.rank} gave up at {what}: the transfer with "
-                                         f"{self.dog.label} {peer} failed ({type(failure).__name__}: {failure})",
-                                         rank=peer, action=what, global_rank=self.dog._global(peer))
+                if failure is not None:  # worded as the rank's own wait words it (the first to see it wins)
+                    raise self.dog.transfer_failed(what, peer, failure)
                 with self._lock:
                     self._works.pop(n, None)
             elif now > deadline:

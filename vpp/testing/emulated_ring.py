@@ -94,6 +94,7 @@ def emulate_ring(cp: int = 2, chunks=(64, 64, 64, 64), *, layers: int = 2, heads
     barrier = threading.Barrier(cp, timeout=timeout_s)
 
     def rank_main(r: int) -> None:
+        started = False
         try:
             emu.select_device(r, host=True)
             group = Group(tuple(range(cp)), r)
@@ -124,6 +125,7 @@ def emulate_ring(cp: int = 2, chunks=(64, 64, 64, 64), *, layers: int = 2, heads
             if barrier.wait() == 0:
                 emu.start_epoch()
             barrier.wait()
+            started = True
             positions = torch.zeros(0, dtype=torch.long)
             prefix_rows = [0] * cp
             shares = [torch.zeros(0, dtype=torch.long) for _ in range(cp)]
@@ -143,7 +145,8 @@ def emulate_ring(cp: int = 2, chunks=(64, 64, 64, 64), *, layers: int = 2, heads
                 offset += tokens
         except BaseException as exc:  # reported on the caller's thread
             failures[r] = exc
-            barrier.abort()
+            if not started:  # after the start an abort would only break a rank still waking from it
+                barrier.abort()
 
     threads = [threading.Thread(target=rank_main, args=(r,), name=f"emulated-cp-{r}", daemon=True) for r in range(cp)]
     for t in threads:

@@ -156,6 +156,7 @@ class EmulatedRun:
         errors: dict[int, BaseException] = {}
 
         def rank_main(r: int) -> None:
+            started = False
             try:
                 self.ops[r].select_device(host=True)  # as init_distributed does on the rank's thread
                 if self.warm:
@@ -163,12 +164,14 @@ class EmulatedRun:
                 if barrier.wait() == 0:
                     device.start_epoch()
                 barrier.wait()
+                started = True
                 ex = Executor(plan, self.stages[r], self.groups[r], self.infos, run_key=f"emulated-{id(self)}",
                               timeout_s=self.timeout_s, poll_s=0.02, timed=False, device_ops=self.ops[r])
                 results[r] = ex.run(prompts if 0 in self.stages[r] else None)
             except BaseException as exc:  # reported below, on the caller's thread
                 errors[r] = exc
-                barrier.abort()
+                if not started:  # release the ranks waiting for this one at the start; once every rank
+                    barrier.abort()  # passed it, an abort would break a slow one still waking from it
 
         threads = [threading.Thread(target=rank_main, args=(r,), name=f"emulated-rank-{r}", daemon=True)
                    for r in range(n)]
