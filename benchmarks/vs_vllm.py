@@ -24,14 +24,18 @@ What differs, so the reading is fair:
 - kernels: vLLM's CPU build runs its own attention over a paged KV cache (``cpu_attention_with_kv_cache``;
   its ``vec`` kernel in fp32, AVX-512 where present; AMX only for 16-bit), its fused MoE on prepacked
   weights and oneDNN GEMMs; vpp runs its own fp32 AVX-512 attention (``vpp/transformer/attention/
-  cpu_kernel.py``; torch's CPU flash kernel where that does not run) and its experts in one pass of
-  per-expert MKL GEMMs (``vpp/transformer/expert_gemm.py``). DeepSeek-V3 in fp32: vLLM's CPU MLA
+  cpu_kernel.py``; torch's CPU flash kernel where that does not run), its routed experts in one fused
+  pass and its RMSNorm and RoPE rotation in one pass each (``vpp/transformer/cpu_ops.py``). DeepSeek-V3 in fp32: vLLM's CPU MLA
   backend, asked for by name (its AMX MLA backend, chosen by default on AMX CPUs, refuses fp32 weights).
 - processes: vLLM's front end, engine core and workers are separate processes (PP2: one worker per
   rank over shared memory); vpp's ranks are two processes talking over gloo (TCP on loopback).
 - timing: vLLM's TTFT is the wall time of ``LLM.generate(max_tokens=1)`` (scheduling and sampling of
   the first token included); vpp's is ``forward_prefill`` from a barrier to the last-token logits
   (sampling excluded, a few microseconds). Start-up and warm-up are outside both.
+- rotary embedding: vLLM's CPU rotary op rotates a [tokens, heads, dim] query of more than one head wrongly
+  (head 0 unrotated, the others off by up to 5); its MLA passes the query's rope part so, and its
+  DeepSeek-V3 tokens departed from transformers'. The DeepSeek-V3 engines run with the op off
+  (``custom_ops: ["all", "-rotary_embedding"]``: torch's rotation); ``--vllm-rope op`` runs them as shipped.
 - chunking: vLLM's CPU platform turns chunked prefill off for MLA models (its log: "MLA is enabled on
   a non-GPU platform; forcing chunked prefill and prefix caching to be disabled"), so its DeepSeek-V3
   prefills each prompt in one step; vpp keeps the 1024-token chunks there too.
@@ -95,6 +99,14 @@ MODELS = {"qwen3-moe": QWEN, "deepseek-v3": DEEPSEEK, "deepseek-v3-4h": DEEPSEEK
 # vLLM picks its AMX MLA backend wherever the CPU has AMX, and that backend takes 16-bit weights only
 # ("expect weight to be bfloat16, float16, int8, ..." at load): in fp32 its CPU MLA backend is the one that runs.
 VLLM_ATTENTION_BACKEND = {"deepseek-v3": "CPU_MLA", "deepseek-v3-4h": "CPU_MLA"}  # fp32 only (--dtype float32)
+# vLLM 0.32's CPU rotary kernel (the ``rotary_embedding`` custom op, on under ``enforce_eager``) rotates a
+# [tokens, heads, dim] query wrongly when it has more than one head: head 0 is left unrotated, the others
+# come out off by up to 5 (a [tokens, heads * dim] query, as Qwen3's, comes out right). Its MLA passes its
+# query's rope part in the 3-D shape, so the DeepSeek-V3 runs with the op off ("-rotary_embedding": torch's
+# own rotation, ``forward_native``); ``python -m benchmarks.vllm_logprobs`` shows the op and the engine both ways.
+VLLM_ROPE = {"deepseek-v3": "native", "deepseek-v3-4h": "native"}  # the rest: "op"
+ROPES = ("auto", "op", "native")
+ROPE_WORDS = {"op": "its CPU op", "native": "torch's (the op off)"}
 DTYPES = ("float32", "bfloat16")
 SETTLE_S = (0.2, 10.0)  # an idle engine counts as quiet after a 0.2 s window with < 10% of a core; wait <= 10 s
 CONTENDERS = ("vllm-pp1", "vllm-pp2", "vpp-pp1", "vpp-pp2-cpp", "vpp-pp2-vpp-async")
@@ -118,6 +130,8 @@ if args["pp"] > 1:
     kw["distributed_executor_backend"] = "mp"
 if args.get("attention_backend"):
     kw["attention_backend"] = args["attention_backend"]
+if args.get("rope") == "native":  # vLLM's CPU rotary op off: torch's rotation (see VLLM_ROPE)
+    kw["compilation_config"] = {"custom_ops": ["all", "-rotary_embedding"]}
 llm = LLM(**kw)
 if args["pp"] > 1:
     # vLLM 0.32's CPU runner skips its warm-up under enforce_eager, and a later rank's buffer for the
@@ -163,6 +177,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=DTYPES,
                    help="weights and activations on both sides (bfloat16: vLLM's and torch's 16-bit CPU kernels, "
                         "AMX where the CPU has it; vpp's own CPU kernels are fp32 only)")
+    p.add_argument("--vllm-rope", default="auto", choices=ROPES,
+                   help="vLLM's rotary embedding: its CPU op, or torch's rotation (the op off); auto: torch's for "
+                        "the DeepSeek-V3s, whose 3-D multi-head query the op rotates wrongly, the op for the rest")
     p.add_argument("--arbitrate", metavar="JSON", default=None,
                    help="no run: read a results JSON whose greedy tokens differ and say, per engine, at how many "
                         "steps transformers (fp32, teacher-forced on that engine's own tokens) picks the same token")
@@ -232,11 +249,11 @@ class VllmEngine:
     """One vLLM engine in the venv's interpreter, driven over stdin/stdout."""
 
     def __init__(self, python: str, model_dir: str, pp: int, chunk: int, max_len: int, log_dir: str,
-                 attention_backend: str | None = None, dtype: str = "float32"):
+                 attention_backend: str | None = None, dtype: str = "float32", rope: str = "op"):
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="|".join(str(r) for r in range(pp)),
                    VLLM_CPU_KVCACHE_SPACE="2", OMP_NUM_THREADS="1", VLLM_TARGET_DEVICE="cpu")
         cfg = json.dumps({"model": model_dir, "pp": pp, "chunk": chunk, "max_len": max_len,
-                          "attention_backend": attention_backend, "dtype": dtype})
+                          "attention_backend": attention_backend, "dtype": dtype, "rope": rope})
         self.log = os.path.join(log_dir, f"vllm_pp{pp}.log")
         self.proc = subprocess.Popen([python, "-c", VLLM_DRIVER, cfg], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=open(self.log, "w"), text=True, env=env, start_new_session=True)
@@ -452,7 +469,14 @@ def _extra_args(args) -> str:
         extra += " --no-pin"
     if getattr(args, "dtype", "float32") != "float32":
         extra += f" --dtype {args.dtype}"
+    if getattr(args, "vllm_rope", "auto") != "auto":
+        extra += f" --vllm-rope {args.vllm_rope}"
     return extra
+
+
+def vllm_rope(args, model: str) -> str:
+    """How vLLM rotates ``model``'s queries and keys: its CPU op ("op") or torch's rotation ("native")."""
+    return VLLM_ROPE.get(model, "op") if args.vllm_rope == "auto" else args.vllm_rope
 
 
 def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
@@ -463,7 +487,10 @@ def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
              "TTFT in seconds, median [min-max] of interleaved rounds; ratio: vpp's TTFT over vLLM's at the "
              "same degree, per round (below 1: vpp is faster); PP2/PP1: vpp's PP2 TTFT over its PP1, per round; "
              "CPU s: user + system seconds of every process of the contender (vpp's ranks; vLLM's engine tree), "
-             "and their ratio per round: what a loaded machine's share of the cores does not change.",
+             "and their ratio per round: what a loaded machine's share of the cores does not change. "
+             "vLLM's rotary embedding: " + ", ".join(
+                 f"{m}: {ROPE_WORDS[vllm_rope(args, m)]}"
+                 for m in args.models) + ".",
              "" if not getattr(args, "busy", 0) else f"\nWith {args.busy} busy loops (``while 1: pass``, the ranks' niceness) through the timed rounds.",
              "", "| model | tokens | contender | TTFT s | ratio to vLLM | PP2/PP1 | CPU s | CPU ratio to vLLM |",
              "|---|---|---|---|---|---|---|---|"]
@@ -520,7 +547,7 @@ def main(argv=None) -> int:
                     try:
                         engines[pp] = VllmEngine(python, model_dir, pp, args.chunk, max_len, args.logs,
                                                  VLLM_ATTENTION_BACKEND.get(name) if args.dtype == "float32" else None,
-                                                 args.dtype)
+                                                 args.dtype, vllm_rope(args, name))
                     except RuntimeError as exc:  # reported, and its contenders left out of the window
                         failed[f"{name}/vllm-pp{pp}"] = str(exc)
                         print(f"{name}: vLLM PP{pp} did not start: {exc}", flush=True)

@@ -8,7 +8,8 @@ from benchmarks import vllm_logprobs
 
 
 @pytest.mark.parametrize("argv", [["--variants", "llama"], ["--lengths", "0"], ["--lengths", "8k"],
-                                  ["--lengths", "4096"], ["--variants", ""]])
+                                  ["--lengths", "4096"], ["--variants", ""], ["--vllm-rope", "fused"],
+                                  ["--vllm-rope", ""]])
 def test_bad_arguments_are_refused(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         vllm_logprobs.parse_args(argv)
@@ -30,3 +31,10 @@ def test_the_comparison_is_over_vllms_tokens():
     vpp[0] += 0.5  # not among vLLM's tokens: not counted
     row = vllm_logprobs.compare({3: float(ref[3]) - 0.25, 2: float(ref[2])}, vpp, ref)
     assert row["vllm"] == pytest.approx(0.25) and row["vpp"] == 0.0 and row["argmax"] == (3, 3, 3)
+
+
+def test_vllm_runs_both_ways_by_default_and_the_op_can_be_turned_off():
+    assert vllm_logprobs.parse_args([]).vllm_rope == ["op", "native"]
+    assert vllm_logprobs.parse_args(["--vllm-rope", "native"]).vllm_rope == ["native"]
+    assert '"custom_ops": ["all", "-rotary_embedding"]' in vllm_logprobs.DRIVER
+    assert "forward_cpu" in vllm_logprobs.OP_CHECK and "forward_native" in vllm_logprobs.OP_CHECK

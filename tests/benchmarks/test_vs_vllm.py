@@ -145,3 +145,16 @@ def test_mla_models_ask_vllm_for_its_fp32_mla_backend():
     """vLLM's AMX MLA backend (its default on AMX CPUs) refuses fp32 weights at load."""
     for name, cfg in vs_vllm.MODELS.items():
         assert (vs_vllm.VLLM_ATTENTION_BACKEND.get(name) == "CPU_MLA") == ("kv_lora_rank" in cfg), name
+
+
+def test_vllms_rotary_is_torchs_for_the_deepseek_models_unless_asked():
+    # vLLM 0.32's CPU rotary op rotates MLA's 3-D multi-head query wrongly: the DeepSeek-V3s run with it off
+    auto = vs_vllm.parse_args([])
+    assert vs_vllm.vllm_rope(auto, "deepseek-v3") == "native" and vs_vllm.vllm_rope(auto, "qwen3-moe") == "op"
+    shipped = vs_vllm.parse_args(["--vllm-rope", "op"])
+    assert vs_vllm.vllm_rope(shipped, "deepseek-v3") == "op" and vs_vllm._extra_args(shipped) == " --vllm-rope op"
+    text = vs_vllm.render({}, {}, {}, auto, (1.0, 1.0))
+    assert "qwen3-moe: its CPU op, deepseek-v3: torch's (the op off)" in text
+    assert '"custom_ops": ["all", "-rotary_embedding"]' in vs_vllm.VLLM_DRIVER
+    with pytest.raises(SystemExit):
+        vs_vllm.parse_args(["--vllm-rope", "fused"])
