@@ -172,6 +172,30 @@ def test_a_rank_that_dies_stops_its_peer(tmp_path):
     assert took < 30
 
 
+def _post_to_a_closed_peer(rank, world, out_dir):
+    # rank 0's third send finds its peer's connection closed when posting (gloo raises at once, before any
+    # wait; this happened when rank 1 died under load): a planted transport error, so the race is certain
+    import vpp.runtime.executor as executor
+    if rank == 0:
+        real, calls = executor.isend, []
+
+        def isend(x, peer, group):
+            calls.append(peer)
+            if len(calls) == 3:
+                raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4242")
+            return real(x, peer, group)
+        executor.isend = isend
+    return _faulty_run(rank, world, None, "vpp", out_dir, 20.0)
+
+
+def test_a_send_posted_to_a_closed_peer_names_the_peer(tmp_path):
+    results = run_distributed(_post_to_a_closed_peer, 2, str(tmp_path), timeout=60)
+    assert results[0].startswith("pipeline rank 0 gave up at S0>1.r0.c2: pipeline rank 1 stopped responding "
+                                 "(RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer"), results[0]
+    assert "|rank=1 " in results[0]  # the peer, not this rank, is named at fault
+    assert "pipeline rank 0 (global rank 0) stopped at step 7 (S0>1.r0.c2)" in results[1], results[1]
+
+
 def test_a_rank_that_hangs_trips_the_timeout(tmp_path):
     # rank 0 answers; rank 1 never does. The harness's timeout (10 s from the ranks' start) must outlast
     # rank 0's whole run, so that a loaded machine delays rank 0 without it being blamed: its prefill

@@ -162,3 +162,40 @@ def test_abort_groups_uses_abort_then_shutdown_then_destroy(monkeypatch):
     a = Abortable()
     assert wd.abort_groups([a, a, None, OnlyShutdown(), Old()]) == ["abort", "shutdown", "destroy"]
     assert done == ["abort", "shutdown", "destroy"]
+
+
+def _raising(exc):
+    def start():
+        raise exc
+    return start
+
+
+def test_a_post_to_a_peer_that_is_gone_reads_as_the_waits_error():
+    # posting to a peer that already closed its connections raises at once, before any wait: the rank's
+    # error must still say who stopped responding, as a failed wait says it
+    dog = Watchdog("w7", 0, timeout_s=60, poll_s=0.01, global_ranks=(4, 5))
+    dog.store = _Store()
+    gone = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4242")
+    with pytest.raises(ExecutionError) as info:
+        dog.post(_raising(gone), "S0>1.r0.c3", 1)
+    assert str(info.value) == ("pipeline rank 0 gave up at S0>1.r0.c3: pipeline rank 1 stopped responding "
+                               f"(RuntimeError: {gone})")
+    assert (info.value.rank, info.value.global_rank) == (1, 5) and info.value.__cause__ is gone
+    assert dog.post(lambda: "work", "S0>1.r0.c3", 1) == "work"
+
+
+def test_a_local_error_of_a_post_passes_unless_another_rank_failed_first():
+    dog = Watchdog("w8", 0, timeout_s=60, poll_s=0.01, global_ranks=(4, 5))
+    dog.store = _Store()
+    local = RuntimeError("Tensors must be contiguous")
+    with pytest.raises(RuntimeError) as info:
+        dog.post(_raising(local), "R3<1.r0.c0", 1)
+    assert info.value is local  # not blamed on the peer
+    other = Watchdog("w8", 1, timeout_s=60, poll_s=0.01, global_ranks=(4, 5))
+    other.store = dog.store
+    other.notify_failure("pipeline rank 1 (global rank 5) raised ValueError: no caches while decoding", 5)
+    with pytest.raises(ExecutionError) as info:
+        dog.post(_raising(local), "decode output of stage 0", 1)
+    assert str(info.value) == ("pipeline rank 0 gave up at decode output of stage 0: pipeline rank 1 (global rank 5) "
+                               "raised ValueError: no caches while decoding")
+    assert info.value.global_rank == 5

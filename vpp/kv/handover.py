@@ -303,8 +303,9 @@ def warm_pairs(plan: Sequence[Transfer], me: int, device: torch.device, watchdog
     for src, dst in pairs:
         peer = dst if me == src else src
         rendezvous(f"the KV hand-over pair {src}->{dst}'s set-up", me, (src, dst), timeout_s=timeout_s)
-        work = dist.isend(one, dst=dst) if me == src else dist.irecv(one, src=src)
-        watchdog.wait(work, f"setting up the hand-over pair {src}->{dst}", peer)
+        what = f"setting up the hand-over pair {src}->{dst}"
+        work = watchdog.post(lambda: dist.isend(one, dst=dst) if me == src else dist.irecv(one, src=src), what, peer)
+        watchdog.wait(work, what, peer)
     return pairs
 
 
@@ -325,9 +326,10 @@ def _send(pipe, request: Hashable, plan: list[Transfer], me: int, watchdog: Watc
         else:
             x = x.index_select(token_dim[t.name], rows[0].to(x.device))
         nbytes += x.nbytes
-        works.append((dist.isend(x, dst=t.dst), t, x))
-    for work, t, _ in works:
-        watchdog.wait(work, f"sending {t.name} of request {request!r} to global rank {t.dst}", t.dst)
+        what = f"sending {t.name} of request {request!r} to global rank {t.dst}"
+        works.append((watchdog.post(lambda: dist.isend(x, dst=t.dst), what, t.dst), what, t, x))  # x: alive until sent
+    for work, what, t, _ in works:
+        watchdog.wait(work, what, t.dst)
     return nbytes
 
 
@@ -354,7 +356,9 @@ def _receive(request: Hashable, plans: list[list[Transfer]], me: int, expects: d
                 shape = list(view.shape)
                 shape[dim] = len(moved[0])
                 buf = view.new_empty(shape)
-            works.append((dist.irecv(buf, src=t.src), t, view, buf, None if moved is None else (dim, moved[1])))
+            what = f"receiving {t.name} of request {request!r} from global rank {t.src}"
+            works.append((watchdog.post(lambda: dist.irecv(buf, src=t.src), what, t.src), t, view, buf,
+                          None if moved is None else (dim, moved[1])))
     nbytes = 0
     for work, t, view, buf, at in works:
         watchdog.wait(work, f"receiving {t.name} of request {request!r} from global rank {t.src}", t.src)

@@ -67,14 +67,16 @@ def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[int]) -> 
             else:
                 x = torch.empty(len(requests), hidden, dtype=dtype, device=groups.device)
                 src = layout.rank_of(s - 1)
-                watchdog.wait(irecv(x, src, groups.pp_channel(src, me)), f"decode input of stage {s}", src)
+                what = f"decode input of stage {s}"
+                watchdog.wait(watchdog.post(lambda: irecv(x, src, groups.pp_channel(src, me)), what, src), what, src)
             out = run_stage_decode(pipe.mine[s], x, requests)
             watch.observe(s, None, out)  # read only if the logits turn out non-finite
             if s == layout.last_stage:
                 logits = out
             elif layout.rank_of(s + 1) != me:
                 dst = layout.rank_of(s + 1)
-                watchdog.wait(isend(out, dst, groups.pp_channel(me, dst)), f"decode output of stage {s}", dst)
+                what = f"decode output of stage {s}"
+                watchdog.wait(watchdog.post(lambda: isend(out, dst, groups.pp_channel(me, dst)), what, dst), what, dst)
             else:
                 h = out
         logits = _broadcast(pipe, logits, len(requests), watchdog)
@@ -147,8 +149,10 @@ def _broadcast(pipe: "Pipeline", local: torch.Tensor | None, batch: int, watchdo
         buf = local.reshape(batch, -1).float().contiguous()
     else:
         buf = torch.empty(batch, pipe.last.vocab_size, dtype=torch.float32, device=groups.device)
-    work = dist.broadcast(buf, src=groups.pp.global_rank(owner), group=groups.pp.pg, async_op=True)
-    watchdog.wait(work, "the broadcast of the next-token logits", owner)
+    what = "the broadcast of the next-token logits"
+    work = watchdog.post(lambda: dist.broadcast(buf, src=groups.pp.global_rank(owner), group=groups.pp.pg,
+                                                async_op=True), what, owner)
+    watchdog.wait(work, what, owner)
     return buf.cpu()
 
 

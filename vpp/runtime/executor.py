@@ -348,7 +348,7 @@ class Executor:
         start = self._now()
         if self.ops is not None:
             return self._post_device(self.ops.isend(x, a.peer, channel), a, x, start)
-        work = isend(x, a.peer, channel)
+        work = self.watchdog.post(lambda: isend(x, a.peer, channel), str(a), a.peer)
         if self.plan.comm == "blocking":
             self.watchdog.wait(work, str(a), a.peer)
             end = self._now()
@@ -450,7 +450,7 @@ class Executor:
         start = self._now()
         if self.ops is not None:
             return self._post_device(self.ops.irecv(buf, a.peer, channel), a, None, start)
-        work = irecv(buf, a.peer, channel)
+        work = self.watchdog.post(lambda: irecv(buf, a.peer, channel), str(a), a.peer)
         if self.plan.comm == "blocking":
             self.watchdog.wait(work, str(a), a.peer)
             end = self._now()

@@ -227,6 +227,18 @@ class Watchdog:
         except Exception as exc:
             raise self.transfer_failed(what, peer, exc) from exc
 
+    def post(self, start: Callable[[], "dist.Work"], what: str, peer: int | None):
+        """``start()``: post a transfer with ``peer`` and return its work. Posting to a peer that already
+        closed its connections raises at once (gloo: "Connection closed by peer"), before any wait could
+        read a failure notice: that error reads as the wait's would (:meth:`transfer_failed`: the notice's
+        culprit, or ``peer`` stopped responding). Any other error of the post (a local one) passes as is."""
+        try:
+            return start()
+        except Exception as exc:
+            if peer_gone(exc) or self.failure_notice() is not None:
+                raise self.transfer_failed(what, peer, exc) from exc
+            raise
+
     def transfer_failed(self, what: str, peer: int | None, exc: BaseException) -> ExecutionError:
         """The error of a transfer with ``peer`` that ended in ``exc``, worded the same whichever path saw
         it first (the rank's own wait or the watch thread): the process group's own timeout reads as vpp's
@@ -361,6 +373,17 @@ class WorkWatch:
                     self._works.pop(n, None)
             elif now > deadline:
                 raise self.dog.timed_out(what, peer)
+
+
+# how transports word a peer that went away (gloo: "Connection closed by peer", "Connection reset by
+# peer"; a socket written after the peer closed: "Broken pipe")
+_GONE = ("connection closed", "connection reset", "broken pipe", "connection refused", "socket closed")
+
+
+def peer_gone(exc: BaseException) -> bool:
+    """A transfer's error that says the peer's end of the connection is gone."""
+    text = str(exc).lower()
+    return any(words in text for words in _GONE)
 
 
 def _timed_out(exc: BaseException) -> bool:
