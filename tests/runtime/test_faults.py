@@ -77,7 +77,11 @@ class _Job:
 
     def __init__(self, launcher: str, mode: str, out_dir: Path):
         if launcher == "torchrun":
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(JOB)]
+            # torchrun stops the surviving rank within its monitor interval of a rank's exit (0.1 s by
+            # default): on a loaded machine that came before rank 0 had noticed, and rank 0 was stopped
+            # before it could say what it saw. 2 s lets the rank under test speak; the bound allows it.
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                   "--monitor-interval=2", str(JOB)]
         else:
             cmd = [sys.executable, str(JOB)]
         self.out_dir, self.timed_out = out_dir, False
@@ -154,6 +158,7 @@ def test_a_fault_ends_every_rank_and_names_the_failed_one(jobs, launcher, mode, 
     proc, took = job.result()
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert took < BOUND_S, f"took {took:.1f}s after both ranks ran"
+    assert (job.out_dir / "rank0").exists(), f"rank 0 wrote nothing: {proc.stderr[-3000:]}"
     assert said in (job.out_dir / "rank0").read_text()
     if launcher == "spawned":  # the launcher blames rank 1, the one that never came, not rank 0
         assert "RankFailure: rank 1 of 2 failed (named by rank 0)" in proc.stderr, proc.stderr[-2000:]
