@@ -97,7 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def config(variant: str) -> dict:
-    from benchmarks.vs_vllm import DEEPSEEK
+    from benchmarks._vllm_peer import DEEPSEEK
     return dict(DEEPSEEK, **VARIANTS[variant])
 
 
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from benchmarks.vs_vllm import venv_python
+    from benchmarks._vllm_peer import venv_python
     from vpp.models import model_config, random_checkpoint, save_checkpoint
     from vpp.models.registry import open_model
     from vpp.models.run_layout import layout_for
