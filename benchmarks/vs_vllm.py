@@ -19,8 +19,8 @@ vpp PP2 VPP-Async), each after one untimed warm-up of the same length; the table
 [min-max] of the rounds and each contender's ratio to vLLM's same degree, computed per round, and for
 vpp's PP2 its ratio to vpp's PP1 (the pipeline's scaling). ``--contenders`` runs a subset (vpp's alone
 needs no vLLM); ``--busy N`` starts N busy loops (``while 1: pass``, at the benchmark's niceness) after the warm-ups and
-stops them after the last round: the machine loaded as other work loads it (``--busy-pin``: loop i on
-core i alone, so each core is held by one loop); ``--no-pin`` leaves vpp's ranks unpinned. ``--taper-head`` / ``--taper-tail`` add vpp's tapered twins of PP1, CPP and
+stops them after the last round: the machine loaded as other work loads it (``--busy-pin``: loop i
+pinned to core i, so each core is held by one loop); ``--no-pin`` leaves vpp's ranks unpinned. ``--taper-head`` / ``--taper-tail`` add vpp's tapered twins of PP1, CPP and
 VPP-Async (``vpp-pp1+taper``, ``vpp-pp2-cpp+taper``, ``vpp-pp2-vpp-async+taper``): the same 1024-token
 budget, its first and last budgets cut into the given fractions of it (:mod:`vpp.perf.taper`, as
 ``vpp prefill --taper-head`` does), so the pipeline's fill and drain shrink (the V's: one layer of the
@@ -443,11 +443,13 @@ def settle(engines: dict) -> float:
 def busy_loops(n: int, pin: bool = False) -> list[subprocess.Popen]:
     """``n`` busy loops at this process's niceness, as vpp's ranks run, in a session of their own as
     other work is (Linux's autogroup shares the cores between sessions first, then between the tasks
-    of each); with ``pin`` loop i runs on core i (mod the cores) alone. Stop them with :func:`stop`."""
-    cores = os.cpu_count() or 1
-    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True,
-                             preexec_fn=(lambda i=i: os.sched_setaffinity(0, {i % cores})) if pin else None)
-            for i in range(n)]
+    of each); with ``pin`` loop i is pinned to the i-th core this process may run on (modulo their
+    number). Stop them with :func:`stop`."""
+    cores = sorted(os.sched_getaffinity(0))
+    loops = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True) for _ in range(n)]
+    for i, loop in enumerate(loops if pin else ()):  # set from here: no preexec_fn in a threaded process
+        os.sched_setaffinity(loop.pid, {cores[i % len(cores)]})
+    return loops
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

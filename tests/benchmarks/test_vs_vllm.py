@@ -193,10 +193,10 @@ def test_busy_pin_puts_loop_i_on_core_i_alone():
     args = vs_vllm.parse_args(["--contenders", "vpp-pp1", "--busy", "2", "--busy-pin"])
     assert args.busy_pin and vs_vllm._extra_args(args) == " --contenders vpp-pp1 --busy 2 --busy-pin"
     assert "loop i pinned to core i" in vs_vllm.render({}, {}, {}, args, (1.0, 1.0))
-    cores = os.cpu_count() or 1
+    cores = sorted(os.sched_getaffinity(0))
     loops = vs_vllm.busy_loops(2, pin=True)
     try:
-        assert [os.sched_getaffinity(p.pid) for p in loops] == [{0}, {1 % cores}]
+        assert [os.sched_getaffinity(p.pid) for p in loops] == [{cores[0]}, {cores[1 % len(cores)]}]
     finally:
         vs_vllm.stop(loops)
     loose = vs_vllm.busy_loops(1)
