@@ -303,9 +303,8 @@ def warm_pairs(plan: Sequence[Transfer], me: int, device: torch.device, watchdog
     for src, dst in pairs:
         peer = dst if me == src else src
         rendezvous(f"the KV hand-over pair {src}->{dst}'s set-up", me, (src, dst), timeout_s=timeout_s)
-        what = f"setting up the hand-over pair {src}->{dst}"
-        work = watchdog.post(lambda: dist.isend(one, dst=dst) if me == src else dist.irecv(one, src=src), what, peer)
-        watchdog.wait(work, what, peer)
+        watchdog.complete(lambda: dist.isend(one, dst=dst) if me == src else dist.irecv(one, src=src),
+                          f"setting up the hand-over pair {src}->{dst}", peer)
     return pairs
 
 
@@ -357,11 +356,11 @@ def _receive(request: Hashable, plans: list[list[Transfer]], me: int, expects: d
                 shape[dim] = len(moved[0])
                 buf = view.new_empty(shape)
             what = f"receiving {t.name} of request {request!r} from global rank {t.src}"
-            works.append((watchdog.post(lambda: dist.irecv(buf, src=t.src), what, t.src), t, view, buf,
+            works.append((watchdog.post(lambda: dist.irecv(buf, src=t.src), what, t.src), what, t, view, buf,
                           None if moved is None else (dim, moved[1])))
     nbytes = 0
-    for work, t, view, buf, at in works:
-        watchdog.wait(work, f"receiving {t.name} of request {request!r} from global rank {t.src}", t.src)
+    for work, what, t, view, buf, at in works:
+        watchdog.wait(work, what, t.src)
         nbytes += buf.nbytes
         if at is not None:
             view.index_copy_(at[0], at[1].to(view.device), buf)

@@ -67,16 +67,15 @@ def decode_step(pipe: "Pipeline", tokens: torch.Tensor, requests: list[int]) -> 
             else:
                 x = torch.empty(len(requests), hidden, dtype=dtype, device=groups.device)
                 src = layout.rank_of(s - 1)
-                what = f"decode input of stage {s}"
-                watchdog.wait(watchdog.post(lambda: irecv(x, src, groups.pp_channel(src, me)), what, src), what, src)
+                watchdog.complete(lambda: irecv(x, src, groups.pp_channel(src, me)), f"decode input of stage {s}", src)
             out = run_stage_decode(pipe.mine[s], x, requests)
             watch.observe(s, None, out)  # read only if the logits turn out non-finite
             if s == layout.last_stage:
                 logits = out
             elif layout.rank_of(s + 1) != me:
                 dst = layout.rank_of(s + 1)
-                what = f"decode output of stage {s}"
-                watchdog.wait(watchdog.post(lambda: isend(out, dst, groups.pp_channel(me, dst)), what, dst), what, dst)
+                watchdog.complete(lambda: isend(out, dst, groups.pp_channel(me, dst)),
+                                  f"decode output of stage {s}", dst)
             else:
                 h = out
         logits = _broadcast(pipe, logits, len(requests), watchdog)
@@ -149,10 +148,8 @@ def _broadcast(pipe: "Pipeline", local: torch.Tensor | None, batch: int, watchdo
         buf = local.reshape(batch, -1).float().contiguous()
     else:
         buf = torch.empty(batch, pipe.last.vocab_size, dtype=torch.float32, device=groups.device)
-    what = "the broadcast of the next-token logits"
-    work = watchdog.post(lambda: dist.broadcast(buf, src=groups.pp.global_rank(owner), group=groups.pp.pg,
-                                                async_op=True), what, owner)
-    watchdog.wait(work, what, owner)
+    watchdog.complete(lambda: dist.broadcast(buf, src=groups.pp.global_rank(owner), group=groups.pp.pg, async_op=True),
+                      "the broadcast of the next-token logits", owner)
     return buf.cpu()
 
 

@@ -239,6 +239,10 @@ class Watchdog:
                 raise self.transfer_failed(what, peer, exc) from exc
             raise
 
+    def complete(self, start: Callable[[], "dist.Work"], what: str, peer: int | None) -> None:
+        """Post a transfer with ``peer`` (:meth:`post`) and wait for it (:meth:`wait`)."""
+        self.wait(self.post(start, what, peer), what, peer)
+
     def transfer_failed(self, what: str, peer: int | None, exc: BaseException) -> ExecutionError:
         """The error of a transfer with ``peer`` that ended in ``exc``, worded the same whichever path saw
         it first (the rank's own wait or the watch thread): the process group's own timeout reads as vpp's
